@@ -1,0 +1,592 @@
+//! Configuration: one TOML file, `SLUICE_SECTION__KEY` environment overrides, merged once into a
+//! validated [`Config`] that every other module reads and none re-parses.
+//!
+//! Owns: the schema (every key, its type, its default), validation that names the key and the
+//! file, and redaction of secrets for display. Must not: read the environment or files anywhere
+//! else, or let an unknown key pass silently (a typo in a limit must not become "no limit").
+//!
+//! The same schema serves `sluice agent` and `sluice persist`, so one file (like
+//! `config/demo.toml`) can run both; each process reads only the sections it needs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+#[cfg(test)]
+mod tests;
+
+/// Prefix of environment variables that override file values: `SLUICE_KAFKA__BROKERS=...`
+/// sets `kafka.brokers`. Only names with a `__` section separator are read, so unrelated
+/// `SLUICE_*` variables (the test stack's `SLUICE_TEST_KAFKA`) are not mistaken for keys.
+pub const ENV_PREFIX: &str = "SLUICE_";
+
+/// What replaces a secret when the config is shown (`check-config`, logs).
+pub const REDACTED: &str = "<redacted>";
+
+/// A configuration problem, always naming the key and where it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or parsed, or a key is unknown or has the wrong type.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The config file (or "environment" when an override is at fault).
+        file: String,
+        /// Figment's description, which names the key.
+        message: String,
+    },
+    /// A key parsed but its value is not acceptable.
+    #[error("{file}: key `{key}`: {message}")]
+    Invalid {
+        /// The config file.
+        file: String,
+        /// Dotted key path, e.g. `buffer.max_bytes`.
+        key: String,
+        /// What is wrong and what would be right.
+        message: String,
+    },
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Logging of the sluice process itself.
+    pub log: LogConfig,
+    /// Kafka connection shared by the agent's producer and the persister's consumer.
+    pub kafka: KafkaConfig,
+    /// `sluice agent`: process-level settings.
+    pub agent: AgentConfig,
+    /// `sluice agent`: the socket apps write to.
+    pub ingest: IngestConfig,
+    /// `sluice agent`: the bounded buffer between the socket and Kafka.
+    pub buffer: BufferConfig,
+    /// `sluice agent`: how records are produced to Kafka.
+    pub ship: ShipConfig,
+    /// `sluice persist`: the consumer group that writes to PostgreSQL.
+    pub persist: PersistConfig,
+    /// `sluice persist`: the database.
+    pub postgres: PostgresConfig,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter directive, e.g. `"info"` or `"info,sluice::ship=debug"`. Default `"info"`.
+    pub level: String,
+    /// `"text"` for people, `"json"` for log collectors. Default `"text"`.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: "info".into(), format: LogFormat::Text }
+    }
+}
+
+/// How sluice's own log lines are written.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[kafka]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma-separated `host:port`. Default `"127.0.0.1:9092"`.
+    pub brokers: String,
+    /// The topic the agent produces to and the persister consumes. Default `"sluice-logs"`.
+    pub topic: String,
+    /// librdkafka properties passed through to both producer and consumer (TLS, SASL, ...).
+    /// Keys that sluice manages itself (acks, idempotence, queue sizes, ...) are rejected here
+    /// and must be set through their own key. Values of keys that look secret are redacted
+    /// when shown.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self { brokers: "127.0.0.1:9092".into(), topic: "sluice-logs".into(), properties: BTreeMap::new() }
+    }
+}
+
+/// `[agent]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`). Default `"127.0.0.1:9464"`.
+    pub admin_listen: String,
+    /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
+    /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self { admin_listen: "127.0.0.1:9464".into(), drain_timeout: Duration::from_secs(20) }
+    }
+}
+
+/// `[ingest]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// Path of the Unix stream socket apps write to. Its directory is created. Default
+    /// `"/run/sluice/sluice.sock"`.
+    pub socket: PathBuf,
+    /// Permission bits set on the socket after bind, as an octal string. Default `"0660"`.
+    pub socket_mode: String,
+    /// Longest accepted record (one line, without its newline). A longer one is discarded up to
+    /// its newline and counted with `reason="too_large"`. Default `1 MiB`.
+    pub max_record_size: ByteSize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from("/run/sluice/sluice.sock"),
+            socket_mode: "0660".into(),
+            max_record_size: ByteSize::mib(1),
+        }
+    }
+}
+
+impl IngestConfig {
+    /// The socket mode as permission bits (validated at load).
+    pub fn socket_mode_bits(&self) -> u32 {
+        parse_mode(&self.socket_mode).unwrap_or(0o660)
+    }
+}
+
+fn parse_mode(text: &str) -> Option<u32> {
+    let bits = u32::from_str_radix(text.trim_start_matches("0o"), 8).ok()?;
+    (bits <= 0o777).then_some(bits)
+}
+
+/// `[buffer]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BufferConfig {
+    /// Most bytes of records held between the socket and a Kafka acknowledgement (this includes
+    /// what sits in librdkafka's queue, whose limit is derived from it). Default `64 MiB`.
+    pub max_bytes: ByteSize,
+    /// Most records held, for the same span. Default `200000`.
+    pub max_records: u32,
+    /// What a full buffer does to a writer. Default `"block"`.
+    pub when_full: WhenFull,
+}
+
+impl Default for BufferConfig {
+    fn default() -> Self {
+        Self { max_bytes: ByteSize::mib(64), max_records: 200_000, when_full: WhenFull::Block }
+    }
+}
+
+/// What happens to a new record when the buffer is full. The variant names are the metric's
+/// `reason` label for records dropped by policy.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    /// The connection's reader waits for room: it stops reading, the kernel socket buffer fills
+    /// and the writer's `write()` blocks (or returns `EAGAIN` when non-blocking). Nothing is
+    /// dropped; the app feels Kafka's pace.
+    Block,
+    /// The new record is discarded and counted (`reason="drop_newest"`); reading never stops.
+    DropNewest,
+}
+
+impl WhenFull {
+    /// The name used in config, metric labels and docs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WhenFull::Block => "block",
+            WhenFull::DropNewest => "drop_newest",
+        }
+    }
+}
+
+/// `[ship]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShipConfig {
+    /// `compression.type`: `none`, `gzip`, `snappy`, `lz4` or `zstd`. Default `"zstd"`.
+    pub compression: String,
+    /// How long librdkafka waits to fill a batch (`linger.ms`). Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+    /// Largest batch per partition request (`batch.size`). Default `1 MiB`.
+    pub batch_size: ByteSize,
+    /// How long librdkafka may try one send before reporting it failed (`message.timeout.ms`).
+    /// A record that times out is put back into the buffer and sent again, never dropped.
+    /// Default `2m`.
+    #[serde(with = "humantime_serde")]
+    pub delivery_timeout: Duration,
+    /// The Kafka message key: `"none"`, `"pod_name"`, or `"field"` (the JSON record's top-level
+    /// field named by `key_field`). Default `"none"`.
+    pub key: KeySource,
+    /// The field used when `key = "field"`. Records without it are sent without a key.
+    pub key_field: Option<String>,
+    /// librdkafka properties for the producer only, applied after `kafka.properties`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for ShipConfig {
+    fn default() -> Self {
+        Self {
+            compression: "zstd".into(),
+            linger: Duration::from_millis(5),
+            batch_size: ByteSize::mib(1),
+            delivery_timeout: Duration::from_secs(120),
+            key: KeySource::None,
+            key_field: None,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// Where a record's Kafka key comes from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// No key: librdkafka spreads records over partitions.
+    None,
+    /// The pod name from the Downward API (`POD_NAME`): one pod's records stay in order.
+    PodName,
+    /// A top-level field of JSON records (`ship.key_field`).
+    Field,
+}
+
+/// `[persist]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PersistConfig {
+    /// Address of the persister's admin HTTP server. Default `"127.0.0.1:9465"`.
+    pub admin_listen: String,
+    /// On SIGTERM, how long to finish the current batch and commit. Default `20s`.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Kafka consumer group. Default `"sluice-persist"`.
+    pub group_id: String,
+    /// A batch is written when it holds this many records... Default `5000`.
+    pub batch_max_records: usize,
+    /// ...or when its first record has waited this long. Default `500ms`.
+    #[serde(with = "humantime_serde")]
+    pub batch_max_wait: Duration,
+    /// Day partitions older than this many days are dropped; `0` keeps everything. Default `14`.
+    pub retention_days: u32,
+    /// Day partitions are created this many days ahead. Default `3`.
+    pub partitions_ahead_days: u32,
+    /// librdkafka properties for the consumer only, applied after `kafka.properties`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        Self {
+            admin_listen: "127.0.0.1:9465".into(),
+            drain_timeout: Duration::from_secs(20),
+            group_id: "sluice-persist".into(),
+            batch_max_records: 5000,
+            batch_max_wait: Duration::from_millis(500),
+            retention_days: 14,
+            partitions_ahead_days: 3,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[postgres]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// Connection URL, `postgres://user:password@host:port/db`. The password is redacted when
+    /// shown; prefer `SLUICE_POSTGRES__URL` from a Secret. Default
+    /// `"postgres://postgres@127.0.0.1:5432/sluice"`.
+    pub url: String,
+    /// Schema holding sluice's tables (created if missing). A plain lower-case identifier.
+    /// Default `"sluice"`.
+    pub schema: String,
+    /// How long one connection attempt may take. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/sluice".into(),
+            schema: "sluice".into(),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// librdkafka properties that sluice sets itself; setting them through a pass-through map
+/// would silently weaken a guarantee (acks, idempotence) or a bound (queue sizes).
+const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.brokers"),
+    ("metadata.broker.list", "kafka.brokers"),
+    ("acks", "(always `all`)"),
+    ("request.required.acks", "(always `all`)"),
+    ("enable.idempotence", "(always `true`)"),
+    ("queue.buffering.max.kbytes", "buffer.max_bytes"),
+    ("queue.buffering.max.messages", "buffer.max_records"),
+    ("message.timeout.ms", "ship.delivery_timeout"),
+    ("delivery.timeout.ms", "ship.delivery_timeout"),
+    ("compression.type", "ship.compression"),
+    ("compression.codec", "ship.compression"),
+    ("linger.ms", "ship.linger"),
+    ("queue.buffering.max.ms", "ship.linger"),
+    ("batch.size", "ship.batch_size"),
+    ("group.id", "persist.group_id"),
+    ("enable.auto.commit", "(managed by the persister)"),
+    ("enable.auto.offset.store", "(managed by the persister)"),
+];
+
+/// Smallest buffer accepted: a sidecar may get only tens of MiB, but below this the buffer
+/// cannot hold even a few maximum-size records.
+pub const MIN_BUFFER_BYTES: u64 = 64 * 1024;
+
+impl Config {
+    /// Reads `path`, applies `SLUICE_*__*` environment overrides, validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        if !path.is_file() {
+            return Err(ConfigError::Parse { file, message: "no such file".into() });
+        }
+        let env = Env::prefixed(ENV_PREFIX).filter(|key| key.as_str().contains("__")).split("__");
+        let config: Config = Figment::new()
+            .merge(Toml::file_exact(path))
+            .merge(env)
+            .extract()
+            .map_err(|error| ConfigError::Parse { file: file.clone(), message: describe(&error) })?;
+        config.validate(&file)?;
+        Ok(config)
+    }
+
+    /// Parses a TOML string without environment overrides (tests, examples).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = Figment::new()
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|error| ConfigError::Parse { file: "<string>".into(), message: describe(&error) })?;
+        config.validate("<string>")?;
+        Ok(config)
+    }
+
+    /// Checks what types alone cannot. Every error names its key.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid =
+            |key: &str, message: String| ConfigError::Invalid { file: file.to_string(), key: key.to_string(), message };
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(invalid("log.level", format!("`{}` is not a tracing filter", self.log.level)));
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(invalid("kafka.brokers", "must name at least one host:port".into()));
+        }
+        if !valid_topic(&self.kafka.topic) {
+            return Err(invalid(
+                "kafka.topic",
+                format!("`{}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)", self.kafka.topic),
+            ));
+        }
+        for (section, properties) in [
+            ("kafka.properties", &self.kafka.properties),
+            ("ship.properties", &self.ship.properties),
+            ("persist.properties", &self.persist.properties),
+        ] {
+            for key in properties.keys() {
+                if let Some((_, instead)) = MANAGED_KAFKA_PROPERTIES.iter().find(|(name, _)| name == key) {
+                    return Err(invalid(
+                        &format!("{section}.\"{key}\""),
+                        format!("is managed by sluice; use {instead}"),
+                    ));
+                }
+            }
+        }
+        if parse_mode(&self.ingest.socket_mode).is_none() {
+            return Err(invalid(
+                "ingest.socket_mode",
+                format!("`{}` is not an octal permission like \"0660\"", self.ingest.socket_mode),
+            ));
+        }
+        if self.ingest.socket.as_os_str().is_empty() {
+            return Err(invalid("ingest.socket", "must be a path".into()));
+        }
+        let record = self.ingest.max_record_size.as_u64();
+        if !(64..=64 * 1024 * 1024).contains(&record) {
+            return Err(invalid("ingest.max_record_size", "must be between 64 B and 64 MiB".into()));
+        }
+        let buffer = self.buffer.max_bytes.as_u64();
+        if buffer < MIN_BUFFER_BYTES {
+            return Err(invalid("buffer.max_bytes", format!("must be at least {}", ByteSize(MIN_BUFFER_BYTES))));
+        }
+        // A record's envelope adds metadata to it; four maximum records must fit so one large
+        // record can never wait forever for room that cannot exist.
+        if buffer < record.saturating_mul(4) {
+            return Err(invalid(
+                "buffer.max_bytes",
+                format!("must be at least 4 x ingest.max_record_size ({})", ByteSize(record * 4)),
+            ));
+        }
+        // librdkafka's queue is sized from the buffer and caps at 2097151 KiB / 10M messages.
+        if buffer > 2 * 1024 * 1024 * 1024 - 1024 {
+            return Err(invalid("buffer.max_bytes", "must be below 2 GiB (librdkafka's queue limit)".into()));
+        }
+        if self.buffer.max_records == 0 || self.buffer.max_records > 10_000_000 {
+            return Err(invalid("buffer.max_records", "must be between 1 and 10000000".into()));
+        }
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.ship.compression.as_str()) {
+            return Err(invalid(
+                "ship.compression",
+                format!("`{}` is not one of none, gzip, snappy, lz4, zstd", self.ship.compression),
+            ));
+        }
+        if self.ship.linger > Duration::from_secs(900) {
+            return Err(invalid("ship.linger", "must be at most 900s".into()));
+        }
+        if self.ship.delivery_timeout < Duration::from_secs(1) {
+            return Err(invalid("ship.delivery_timeout", "must be at least 1s".into()));
+        }
+        if self.ship.batch_size.as_u64() == 0 || self.ship.batch_size.as_u64() > i32::MAX as u64 {
+            return Err(invalid("ship.batch_size", "must be between 1 B and 2 GiB".into()));
+        }
+        match (self.ship.key, &self.ship.key_field) {
+            (KeySource::Field, None) => {
+                return Err(invalid("ship.key_field", "is required when ship.key = \"field\"".into()));
+            }
+            (KeySource::Field, Some(field)) if field.is_empty() => {
+                return Err(invalid("ship.key_field", "must not be empty".into()));
+            }
+            _ => {}
+        }
+        for (key, address) in
+            [("agent.admin_listen", &self.agent.admin_listen), ("persist.admin_listen", &self.persist.admin_listen)]
+        {
+            if address.parse::<std::net::SocketAddr>().is_err() {
+                return Err(invalid(key, format!("`{address}` is not an ip:port address")));
+            }
+        }
+        if self.persist.group_id.is_empty() {
+            return Err(invalid("persist.group_id", "must not be empty".into()));
+        }
+        if self.persist.batch_max_records == 0 || self.persist.batch_max_records > 100_000 {
+            return Err(invalid("persist.batch_max_records", "must be between 1 and 100000".into()));
+        }
+        if self.persist.batch_max_wait.is_zero() {
+            return Err(invalid("persist.batch_max_wait", "must be greater than zero".into()));
+        }
+        if self.persist.partitions_ahead_days > 366 {
+            return Err(invalid("persist.partitions_ahead_days", "must be at most 366".into()));
+        }
+        if self.postgres.url.parse::<tokio_postgres::Config>().is_err() {
+            return Err(invalid("postgres.url", "is not a PostgreSQL connection URL".into()));
+        }
+        if !valid_identifier(&self.postgres.schema) {
+            return Err(invalid(
+                "postgres.schema",
+                format!(
+                    "`{}` must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 48 chars)",
+                    self.postgres.schema
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A copy safe to print: passwords in URLs and secret-looking Kafka properties replaced.
+    pub fn redacted(&self) -> Config {
+        let mut shown = self.clone();
+        for properties in [&mut shown.kafka.properties, &mut shown.ship.properties, &mut shown.persist.properties] {
+            for (key, value) in properties.iter_mut() {
+                if is_secret_key(key) {
+                    *value = REDACTED.into();
+                }
+            }
+        }
+        shown.postgres.url = redact_url_password(&shown.postgres.url);
+        shown
+    }
+
+    /// The effective config as TOML, secrets redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(&self.redacted()).unwrap_or_else(|error| format!("# cannot render: {error}\n"))
+    }
+}
+
+/// One line per problem: the key, what is wrong, and the environment variable if one set it.
+fn describe(error: &figment::Error) -> String {
+    error
+        .clone()
+        .into_iter()
+        .map(|error| {
+            let key = error.path.join(".");
+            let origin = match &error.metadata {
+                Some(metadata) if metadata.name.contains("environment") => {
+                    let variable: Vec<String> = error.path.iter().map(|part| part.to_ascii_uppercase()).collect();
+                    format!(" (set by environment variable {ENV_PREFIX}{})", variable.join("__"))
+                }
+                _ => String::new(),
+            };
+            if key.is_empty() {
+                format!("{}{origin}", error.kind)
+            } else {
+                format!("key `{key}`: {}{origin}", error.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// A PostgreSQL identifier safe to use unquoted (it is still quoted where used).
+pub fn valid_identifier(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
+        && name.len() <= 48
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "token", "jaas", "key.pem", "private"].iter().any(|word| key.contains(word))
+}
+
+/// `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`; a
+/// `password=` key in key/value form is redacted too.
+fn redact_url_password(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            let userinfo = &rest[..at];
+            if let Some(colon) = userinfo.find(':') {
+                return format!("{}{}:{}{}", &url[..scheme_end + 3], &userinfo[..colon], REDACTED, &rest[at..]);
+            }
+        }
+    }
+    if let Some(start) = url.find("password=") {
+        let value_start = start + "password=".len();
+        let value_end = url[value_start..].find([' ', '&']).map_or(url.len(), |i| value_start + i);
+        return format!("{}{}{}", &url[..value_start], REDACTED, &url[value_end..]);
+    }
+    url.to_string()
+}

@@ -1,0 +1,114 @@
+use super::*;
+
+fn invalid_key(text: &str) -> String {
+    match Config::from_toml(text) {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("expected an invalid key, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_empty_file_gives_the_documented_defaults() {
+    let config = Config::from_toml("").expect("defaults are valid");
+    assert_eq!(config, Config::default());
+    assert_eq!(config.buffer.when_full, WhenFull::Block);
+    assert_eq!(config.ingest.max_record_size, ByteSize::mib(1));
+    assert_eq!(config.ingest.socket_mode_bits(), 0o660);
+}
+
+#[test]
+fn the_example_configs_in_the_repository_are_valid() {
+    for file in ["config/agent.toml", "config/persist.toml", "config/demo.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        Config::load(&path).unwrap_or_else(|error| panic!("{file}: {error}"));
+    }
+}
+
+#[test]
+fn an_unknown_key_is_an_error_naming_the_key() {
+    let error = Config::from_toml("[ingest]\nsockt = \"/tmp/x\"\n").expect_err("unknown key");
+    let text = error.to_string();
+    assert!(text.contains("ingest.sockt"), "{text}");
+}
+
+#[test]
+fn a_wrong_type_is_an_error_naming_the_key() {
+    let error = Config::from_toml("[buffer]\nmax_records = \"many\"\n").expect_err("wrong type");
+    assert!(error.to_string().contains("buffer.max_records"), "{error}");
+}
+
+#[test]
+fn load_names_the_file_in_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[buffer]\nwhen_full = \"sometimes\"\n").expect("write");
+    let text = Config::load(&path).expect_err("bad value").to_string();
+    assert!(text.contains("bad.toml") && text.contains("buffer.when_full"), "{text}");
+}
+
+#[test]
+fn sizes_and_durations_read_as_people_write_them() {
+    let config = Config::from_toml(
+        "[buffer]\nmax_bytes = \"16 MiB\"\n[ship]\nlinger = \"20ms\"\n[agent]\ndrain_timeout = \"1m\"\n",
+    )
+    .expect("valid");
+    assert_eq!(config.buffer.max_bytes, ByteSize::mib(16));
+    assert_eq!(config.ship.linger, Duration::from_millis(20));
+    assert_eq!(config.agent.drain_timeout, Duration::from_secs(60));
+}
+
+#[test]
+fn rejects_limits_that_cannot_work() {
+    assert_eq!(invalid_key("[buffer]\nmax_bytes = \"1 KiB\"\n"), "buffer.max_bytes");
+    assert_eq!(
+        invalid_key("[buffer]\nmax_bytes = \"2 MiB\"\n[ingest]\nmax_record_size = \"1 MiB\"\n"),
+        "buffer.max_bytes"
+    );
+    assert_eq!(invalid_key("[buffer]\nmax_records = 0\n"), "buffer.max_records");
+    assert_eq!(invalid_key("[ingest]\nsocket_mode = \"rw\"\n"), "ingest.socket_mode");
+    assert_eq!(invalid_key("[ship]\ncompression = \"brotli\"\n"), "ship.compression");
+    assert_eq!(invalid_key("[ship]\nkey = \"field\"\n"), "ship.key_field");
+    assert_eq!(invalid_key("[kafka]\ntopic = \"no spaces\"\n"), "kafka.topic");
+    assert_eq!(invalid_key("[postgres]\nschema = \"Robert'); DROP TABLE logs;--\"\n"), "postgres.schema");
+    assert_eq!(invalid_key("[agent]\nadmin_listen = \"localhost\"\n"), "agent.admin_listen");
+    assert_eq!(invalid_key("[persist]\nbatch_max_records = 0\n"), "persist.batch_max_records");
+}
+
+#[test]
+fn refuses_pass_through_properties_that_would_weaken_delivery() {
+    let key = invalid_key("[ship.properties]\nacks = \"1\"\n");
+    assert_eq!(key, "ship.properties.\"acks\"");
+    let key = invalid_key("[kafka.properties]\n\"enable.idempotence\" = \"false\"\n");
+    assert_eq!(key, "kafka.properties.\"enable.idempotence\"");
+}
+
+#[test]
+fn redacts_passwords_and_secret_properties_when_shown() {
+    let config = Config::from_toml(
+        "[postgres]\nurl = \"postgres://app:hunter2@db:5432/logs\"\n\
+         [kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"security.protocol\" = \"SASL_SSL\"\n",
+    )
+    .expect("valid");
+    let shown = config.to_redacted_toml();
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("postgres://app:<redacted>@db:5432/logs"), "{shown}");
+    assert!(shown.contains("SASL_SSL"), "{shown}");
+    // The original is untouched: only the copy for display is redacted.
+    assert_eq!(config.postgres.url, "postgres://app:hunter2@db:5432/logs");
+}
+
+#[test]
+fn redacts_a_password_given_in_key_value_form() {
+    assert_eq!(
+        redact_url_password("host=db user=app password=hunter2 dbname=logs"),
+        "host=db user=app password=<redacted> dbname=logs"
+    );
+    assert_eq!(redact_url_password("postgres://app@db/logs"), "postgres://app@db/logs");
+}
+
+#[test]
+fn the_redacted_output_is_itself_a_valid_config() {
+    let config = Config::from_toml("[buffer]\nmax_bytes = \"16 MiB\"\n").expect("valid");
+    let again = Config::from_toml(&config.to_redacted_toml()).expect("round trip");
+    assert_eq!(again, config);
+}

@@ -1,0 +1,162 @@
+//! The `sluice` binary: parses the command line, loads the config, installs logging and
+//! metrics, runs one subcommand and maps its outcome to an exit code. Everything else lives in
+//! the library so tests run the real thing.
+
+// The binary's output (check-config, loadgen) is its product; library code never prints.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use sluice::config::Config;
+use sluice::shutdown::Shutdown;
+use sluice::{agent, loadgen, persist, telemetry};
+
+/// Exit code for bad usage or configuration (EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+/// Exit code when a second signal cut the drain short (128 + SIGINT).
+const EXIT_FORCED: u8 = 130;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Per-pod sidecar log shipper: socket -> Kafka -> PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar: read records from the Unix socket and ship them to Kafka.
+    Agent {
+        /// Config file (TOML).
+        #[arg(short, long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Run a persister: consume the topic and write records to PostgreSQL.
+    Persist {
+        /// Config file (TOML).
+        #[arg(short, long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Validate a config file and print the effective config, secrets redacted.
+    CheckConfig {
+        /// Config file (TOML).
+        file: PathBuf,
+    },
+    /// Write sample records to an agent's socket (demo and smoke tests, not benchmarks).
+    Loadgen {
+        /// The agent's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Records in total.
+        #[arg(long, default_value_t = 5000)]
+        records: u64,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = 4)]
+        connections: u32,
+        /// Records per second over all connections; 0 means as fast as possible.
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Every n-th record is plain text, the others JSON; 0 means all JSON.
+        #[arg(long, default_value_t = 5)]
+        text_every: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Agent { config } => serve(&config, Role::Agent),
+        Command::Persist { config } => serve(&config, Role::Persist),
+        Command::Loadgen { socket, records, connections, rate, text_every } => {
+            let spec = loadgen::LoadSpec { socket, records, connections, rate, text_every };
+            report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Role {
+    Agent,
+    Persist,
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            print!("{}", config.to_redacted_toml());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("sluice: config error: {error}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn serve(file: &std::path::Path, role: Role) -> ExitCode {
+    let config = match Config::load(file) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("sluice: config error: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    telemetry::init_logging(&config.log);
+    let outcome = runtime().and_then(|rt| {
+        rt.block_on(async {
+            let metrics = telemetry::install_recorder()?;
+            let shutdown = Shutdown::install().context("cannot install signal handlers")?;
+            let work = async {
+                match role {
+                    Role::Agent => {
+                        agent::run(config, metrics, shutdown.token()).await.map(|_| ()).map_err(anyhow::Error::from)
+                    }
+                    Role::Persist => persist::run(config, metrics, shutdown.token()).await.map_err(anyhow::Error::from),
+                }
+            };
+            tokio::select! {
+                result = work => result.map(|()| ExitCode::SUCCESS),
+                _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
+            }
+        })
+    });
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "sluice stopped on an error");
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn loadgen_main(spec: loadgen::LoadSpec) -> anyhow::Result<()> {
+    let report = loadgen::run(&spec).await.with_context(|| format!("writing to {}", spec.socket.display()))?;
+    println!(
+        "sent {} records ({:.1} MiB) over {} connections in {:.2}s: {:.0} records/s",
+        report.records,
+        report.bytes as f64 / (1024.0 * 1024.0),
+        spec.connections,
+        report.elapsed.as_secs_f64(),
+        report.records_per_second()
+    );
+    Ok(())
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+}

@@ -1,0 +1,393 @@
+//! `sluice persist`: a Kafka consumer group member that writes records to PostgreSQL.
+//!
+//! Owns: the consumer, batching by size and time, the retry of a failed batch, and offset
+//! handling. Offsets are *stored* (`enable.auto.offset.store=false`) only after the batch's
+//! transaction has committed; librdkafka commits stored offsets periodically, on rebalance
+//! (for revoked partitions) and when the consumer closes, and `run` commits synchronously at the
+//! end of a drain. A crash therefore redelivers at most the batches since the last commit, and
+//! the primary key (record id, ingest time) with `ON CONFLICT DO NOTHING` makes that redelivery
+//! add no rows: exactly one row per record.
+//!
+//! Must not: store an offset before its rows are committed, drop a message (it becomes a row or
+//! a dead letter), or give up a batch because PostgreSQL is down (it retries with backoff; the
+//! consumer group takes the partitions elsewhere if this member stops polling for too long).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::Message;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::admin::{AdminError, AdminServer, ReadinessCheck};
+use crate::config::Config;
+use crate::telemetry;
+
+pub mod row;
+pub mod schema;
+pub mod writer;
+
+use row::{DeadLetter, Origin, Parsed, Row};
+use writer::Writer;
+
+/// How often partitions ahead are created and old ones dropped.
+const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
+/// Longest wait between retries of a failed batch.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What stops the persister.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// A PostgreSQL error.
+    #[error("postgres: {0}")]
+    Postgres(#[source] tokio_postgres::Error),
+    /// Connecting took longer than `postgres.connect_timeout`.
+    #[error("postgres: connection attempt timed out")]
+    ConnectTimeout,
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migration(String),
+    /// The Kafka consumer could not be created or subscribed.
+    #[error("kafka consumer: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The admin server could not bind.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+}
+
+/// Consumer callbacks: rebalances and commit results.
+struct PersistContext {
+    assigned: Arc<AtomicUsize>,
+}
+
+impl ClientContext for PersistContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(%error, reason, "kafka client error");
+    }
+}
+
+impl ConsumerContext for PersistContext {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        metrics::counter!(telemetry::PERSIST_REBALANCES).increment(1);
+        let count = consumer.assignment().map(|tpl| tpl.count()).unwrap_or(0);
+        match rebalance {
+            Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
+            Rebalance::Revoke(tpl) => info!(partitions = tpl.count(), "partitions revoked"),
+            Rebalance::Error(error) => warn!(%error, "rebalance error"),
+        }
+        self.assigned.store(count, Ordering::Relaxed);
+        metrics::gauge!(telemetry::PERSIST_ASSIGNED_PARTITIONS).set(count as f64);
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {}
+            // Nothing new to commit since the last time: not an error.
+            Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset)) => {}
+            Err(error) => {
+                metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
+                warn!(%error, "offset commit failed; it is retried with the next commit");
+            }
+        }
+    }
+}
+
+type PersistConsumer = StreamConsumer<PersistContext>;
+
+fn consumer_config(config: &Config) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (key, value) in config.kafka.properties.iter().chain(config.persist.properties.iter()) {
+        client.set(key, value);
+    }
+    client
+        .set("bootstrap.servers", &config.kafka.brokers)
+        .set("client.id", "sluice-persist")
+        .set("group.id", &config.persist.group_id)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.commit.interval.ms", "1000");
+    if !config.persist.properties.contains_key("auto.offset.reset")
+        && !config.kafka.properties.contains_key("auto.offset.reset")
+    {
+        // A new group starts at the beginning: records produced before the first persister
+        // started are still records.
+        client.set("auto.offset.reset", "earliest");
+    }
+    client
+}
+
+/// Runs the persister until `shutdown` is cancelled, then finishes the current batch and commits.
+pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: CancellationToken) -> Result<(), PersistError> {
+    let admin = AdminServer::bind(&config.persist.admin_listen).await?;
+    let assigned = Arc::new(AtomicUsize::new(0));
+    let database_ok = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicBool::new(false));
+    let background = CancellationToken::new();
+    let ready = readiness(&assigned, &database_ok, &draining);
+    let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), background.clone()));
+
+    let result = async {
+        let Some(mut writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
+            return Ok(());
+        };
+        let consumer: Arc<PersistConsumer> =
+            Arc::new(consumer_config(&config).create_with_context(PersistContext { assigned: assigned.clone() })?);
+        consumer.subscribe(&[config.kafka.topic.as_str()])?;
+        info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
+        let maintenance = tokio::spawn(maintain(config.clone(), shutdown.clone()));
+        consume(&config, &consumer, &mut writer, &database_ok, &shutdown).await;
+        draining.store(true, Ordering::Relaxed);
+        let committer = consumer.clone();
+        match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
+            Ok(Ok(())) | Ok(Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset))) => {}
+            Ok(Err(error)) => {
+                metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
+                warn!(%error, "final offset commit failed; the next owner re-reads (no duplicate rows)");
+            }
+            Err(error) => warn!(%error, "final offset commit did not run"),
+        }
+        // Closing the consumer leaves the group at once, so its partitions move without waiting
+        // for the session timeout. It may block briefly: do it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        let _ = maintenance.await;
+        Ok(())
+    }
+    .await;
+    draining.store(true, Ordering::Relaxed);
+    background.cancel();
+    let _ = admin_task.await;
+    info!("persister stopped");
+    result
+}
+
+fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, draining: &Arc<AtomicBool>) -> ReadinessCheck {
+    let (assigned, database_ok, draining) = (assigned.clone(), database_ok.clone(), draining.clone());
+    Arc::new(move || {
+        if draining.load(Ordering::Relaxed) {
+            Err("draining".into())
+        } else if !database_ok.load(Ordering::Relaxed) {
+            Err("postgres not reachable".into())
+        } else if assigned.load(Ordering::Relaxed) == 0 {
+            Err("no partitions assigned".into())
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Connects, migrates and prepares a writer, retrying until it works or shutdown begins.
+async fn connect_writer(
+    config: &Config,
+    database_ok: &AtomicBool,
+    shutdown: &CancellationToken,
+) -> Result<Option<Writer>, PersistError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let mut client = writer::connect(&config.postgres).await?;
+            // Cheap when there is nothing to do, and guarded by an advisory lock.
+            schema::migrate(&mut client, &config.postgres.schema).await?;
+            schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
+            Writer::new(client).await
+        };
+        match attempt.await {
+            Ok(writer) => {
+                database_ok.store(true, Ordering::Relaxed);
+                return Ok(Some(writer));
+            }
+            // A migration that fails will fail again: stop instead of looping.
+            Err(error @ PersistError::Migration(_)) => return Err(error),
+            Err(error) => {
+                database_ok.store(false, Ordering::Relaxed);
+                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot use postgres yet");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Records collected for the next write.
+#[derive(Default)]
+struct Batch {
+    rows: Vec<Row>,
+    dead: Vec<DeadLetter>,
+    /// Next offset to store per (topic, partition): last offset in the batch + 1.
+    next_offsets: BTreeMap<(String, i32), i64>,
+    started: Option<Instant>,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.rows.len() + self.dead.len()
+    }
+
+    fn add(&mut self, parsed: Parsed, origin: &Origin) {
+        self.started.get_or_insert_with(Instant::now);
+        let next = self.next_offsets.entry((origin.topic.clone(), origin.partition)).or_insert(0);
+        *next = (*next).max(origin.offset + 1);
+        match parsed {
+            Parsed::Row(row) => self.rows.push(*row),
+            Parsed::Dead(letter) => self.dead.push(letter),
+        }
+    }
+}
+
+async fn consume(
+    config: &Config,
+    consumer: &PersistConsumer,
+    writer: &mut Writer,
+    database_ok: &AtomicBool,
+    shutdown: &CancellationToken,
+) {
+    let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
+    let mut batch = Batch::default();
+    loop {
+        let flush_at = batch.started.map(|started| started + config.persist.batch_max_wait);
+        let received = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            _ = sleep_until_opt(flush_at) => None,
+            message = consumer.recv() => Some(message),
+        };
+        match received {
+            Some(Ok(message)) => {
+                consumed.increment(1);
+                let origin = Origin {
+                    topic: message.topic().to_string(),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                };
+                batch.add(row::parse(message.payload(), origin.clone()), &origin);
+                if batch.len() < config.persist.batch_max_records {
+                    continue;
+                }
+            }
+            Some(Err(error)) => {
+                warn!(%error, "kafka consume error");
+                continue;
+            }
+            None => {}
+        }
+        if batch.len() > 0 {
+            let full = std::mem::take(&mut batch);
+            if !write_batch(config, consumer, writer, database_ok, shutdown, full).await {
+                break;
+            }
+        }
+    }
+    if batch.len() > 0 {
+        // Shutting down with records in hand: write them so their offsets can be committed.
+        let deadline = tokio::time::sleep(config.persist.drain_timeout);
+        let never = CancellationToken::new();
+        tokio::select! {
+            _ = write_batch(config, consumer, writer, database_ok, &never, batch) => {}
+            _ = deadline => warn!("drain deadline passed before the last batch was written; it will be re-read"),
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes a batch, retrying until it commits; then stores its offsets. Returns false if
+/// shutdown interrupted the retries (the batch's offsets are not stored: it will be re-read).
+async fn write_batch(
+    config: &Config,
+    consumer: &PersistConsumer,
+    writer: &mut Writer,
+    database_ok: &AtomicBool,
+    shutdown: &CancellationToken,
+    batch: Batch,
+) -> bool {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        match writer.write(&batch.rows, &batch.dead).await {
+            Ok(written) => {
+                database_ok.store(true, Ordering::Relaxed);
+                metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
+                metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
+                metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
+                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
+                for letter in &batch.dead {
+                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => letter.reason).increment(1);
+                    warn!(
+                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                        reason = letter.reason, "message kept in dead_letters"
+                    );
+                }
+                store_offsets(consumer, &batch.next_offsets);
+                return true;
+            }
+            Err(error) => {
+                metrics::counter!(telemetry::PERSIST_WRITE_ERRORS).increment(1);
+                error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
+                writer.forget_partitions();
+                if !writer.is_usable() {
+                    database_ok.store(false, Ordering::Relaxed);
+                    match connect_writer(config, database_ok, shutdown).await {
+                        Ok(Some(new_writer)) => *writer = new_writer,
+                        Ok(None) => return false,
+                        Err(error) => {
+                            error!(%error, "cannot reconnect to postgres");
+                        }
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i32), i64>) {
+    for ((topic, partition), next) in next_offsets {
+        let mut tpl = TopicPartitionList::new();
+        if tpl.add_partition_offset(topic, *partition, Offset::Offset(*next)).is_err() {
+            continue;
+        }
+        // Fails for a partition revoked meanwhile: its new owner re-reads from the last commit,
+        // and the unique key turns that into duplicates skipped, not duplicate rows.
+        if let Err(error) = consumer.store_offsets(&tpl) {
+            debug!(%error, topic, partition, "offset not stored (partition no longer assigned)");
+        }
+    }
+}
+
+/// Creates partitions ahead and applies retention, hourly, on a connection of its own.
+async fn maintain(config: Config, stop: CancellationToken) {
+    loop {
+        let result = async {
+            let client = writer::connect(&config.postgres).await?;
+            schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
+            schema::apply_retention(&client, chrono::Utc::now().date_naive(), config.persist.retention_days).await
+        }
+        .await;
+        if let Err(error) = result {
+            warn!(%error, "partition maintenance failed; retrying next round");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(MAINTENANCE_INTERVAL) => {}
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Writing batches to PostgreSQL: binary COPY into a session-local staging table, then one
+//! `INSERT … SELECT … ON CONFLICT DO NOTHING` into `logs`, in one transaction.
+//!
+//! Owns: the persister's database connection and the batch transaction. Must not: commit a
+//! partial batch, or report success before the transaction has committed (offsets are stored
+//! only after this returns `Ok`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use futures_util::pin_mut;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls};
+use tracing::{debug, warn};
+
+use super::PersistError;
+use super::row::{DeadLetter, Row};
+use super::schema;
+use crate::config::PostgresConfig;
+
+/// Columns of `logs` in COPY order, with their types.
+const COLUMNS: &[(&str, Type)] = &[
+    ("record_id", Type::TEXT),
+    ("ingest_time", Type::TIMESTAMPTZ),
+    ("event_time", Type::TIMESTAMPTZ),
+    ("level", Type::TEXT),
+    ("message", Type::TEXT),
+    ("format", Type::TEXT),
+    ("pod_name", Type::TEXT),
+    ("pod_namespace", Type::TEXT),
+    ("container_name", Type::TEXT),
+    ("node_name", Type::TEXT),
+    ("peer_pid", Type::INT4),
+    ("peer_uid", Type::INT8),
+    ("peer_gid", Type::INT8),
+    ("record", Type::JSONB),
+    ("payload", Type::TEXT),
+    ("kafka_topic", Type::TEXT),
+    ("kafka_partition", Type::INT4),
+    ("kafka_offset", Type::INT8),
+];
+
+/// What one committed batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Rows newly inserted.
+    pub inserted: u64,
+    /// Rows skipped because their record id was already stored.
+    pub duplicates: u64,
+    /// Dead letters stored.
+    pub dead_letters: u64,
+}
+
+/// One connection to PostgreSQL, set up for batch writes.
+pub struct Writer {
+    client: Client,
+    /// Day partitions known to exist, so DDL runs only for a new day.
+    partitions: BTreeSet<NaiveDate>,
+    column_list: String,
+    types: Vec<Type>,
+}
+
+/// Connects with `search_path` set to the configured schema.
+pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
+    let mut pg: tokio_postgres::Config = config.url.parse().map_err(PersistError::Postgres)?;
+    // The schema is a validated identifier (config::valid_identifier). NOTICEs such as
+    // "partition already exists, skipping" are expected and not worth a log line.
+    pg.options(format!("-c search_path={} -c client_min_messages=warning", config.schema));
+    pg.connect_timeout(config.connect_timeout);
+    pg.application_name("sluice-persist");
+    let (client, connection) = tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), pg.connect(NoTls))
+        .await
+        .map_err(|_| PersistError::ConnectTimeout)?
+        .map_err(PersistError::Postgres)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            warn!(%error, "postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+impl Writer {
+    /// Prepares a connection for writing: creates the session's staging table.
+    pub async fn new(client: Client) -> Result<Self, PersistError> {
+        client
+            .batch_execute(
+                "CREATE TEMP TABLE IF NOT EXISTS staging (LIKE logs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+            )
+            .await
+            .map_err(PersistError::Postgres)?;
+        Ok(Self {
+            client,
+            partitions: BTreeSet::new(),
+            column_list: COLUMNS.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", "),
+            types: COLUMNS.iter().map(|(_, ty)| ty.clone()).collect(),
+        })
+    }
+
+    /// False once the connection has failed; the caller reconnects.
+    pub fn is_usable(&self) -> bool {
+        !self.client.is_closed()
+    }
+
+    /// Writes a batch in one transaction. Idempotent: writing the same batch twice adds nothing.
+    pub async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<Written, PersistError> {
+        let days: Vec<NaiveDate> = rows
+            .iter()
+            .map(|row| row.ingest_time.date_naive())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|day| !self.partitions.contains(day))
+            .collect();
+        if !days.is_empty() {
+            schema::ensure_partitions(&self.client, &days).await?;
+            self.partitions.extend(days);
+        }
+
+        let transaction = self.client.transaction().await.map_err(PersistError::Postgres)?;
+        let mut written = Written::default();
+        if !rows.is_empty() {
+            let sink = transaction
+                .copy_in(&format!("COPY staging ({}) FROM STDIN (FORMAT binary)", self.column_list))
+                .await
+                .map_err(PersistError::Postgres)?;
+            let writer = BinaryCopyInWriter::new(sink, &self.types);
+            pin_mut!(writer);
+            for row in rows {
+                let values: [&(dyn ToSql + Sync); 18] = [
+                    &row.record_id,
+                    &row.ingest_time,
+                    &row.event_time,
+                    &row.level,
+                    &row.message,
+                    &row.format,
+                    &row.pod_name,
+                    &row.pod_namespace,
+                    &row.container_name,
+                    &row.node_name,
+                    &row.peer_pid,
+                    &row.peer_uid,
+                    &row.peer_gid,
+                    &row.record,
+                    &row.payload,
+                    &row.origin.topic,
+                    &row.origin.partition,
+                    &row.origin.offset,
+                ];
+                writer.as_mut().write(&values).await.map_err(PersistError::Postgres)?;
+            }
+            writer.finish().await.map_err(PersistError::Postgres)?;
+            written.inserted = transaction
+                .execute(
+                    &format!("INSERT INTO logs ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING", self.column_list),
+                    &[],
+                )
+                .await
+                .map_err(PersistError::Postgres)?;
+            written.duplicates = rows.len() as u64 - written.inserted;
+        }
+        for letter in dead {
+            written.dead_letters += transaction
+                .execute(
+                    "INSERT INTO dead_letters (kafka_topic, kafka_partition, kafka_offset, reason, error, payload) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                    &[
+                        &letter.origin.topic,
+                        &letter.origin.partition,
+                        &letter.origin.offset,
+                        &letter.reason,
+                        &letter.error,
+                        &letter.payload,
+                    ],
+                )
+                .await
+                .map_err(PersistError::Postgres)?;
+        }
+        transaction.commit().await.map_err(PersistError::Postgres)?;
+        debug!(inserted = written.inserted, duplicates = written.duplicates, "batch committed");
+        Ok(written)
+    }
+
+    /// Forgets known partitions (after retention dropped some, or on reconnect).
+    pub fn forget_partitions(&mut self) {
+        self.partitions.clear();
+    }
+}

@@ -1,0 +1,172 @@
+//! Telemetry: every metric name in one place, their help texts, the Prometheus recorder, and the
+//! process's own log output.
+//!
+//! Owns: metric names and label values (so config, code and `docs` say the same word), and the
+//! recorder whose `render()` the admin server serves. Must not: open its own HTTP listener (the
+//! admin port serves `/metrics`), use unbounded label values (pod UIDs, offsets, keys), or be
+//! called per record where a batch count will do.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::config::{LogConfig, LogFormat};
+
+/// Label key for the cause of a rejection, drop or failure.
+pub const REASON: &str = "reason";
+
+// ---- agent: ingest
+/// Connections accepted on the socket.
+pub const INGEST_CONNECTIONS: &str = "sluice_ingest_connections_total";
+/// Connections currently open.
+pub const INGEST_CONNECTIONS_OPEN: &str = "sluice_ingest_connections_open";
+/// Records read from the socket and accepted into the pipeline.
+pub const INGEST_RECORDS: &str = "sluice_ingest_records_total";
+/// Bytes of accepted records, as the app wrote them (without newline).
+pub const INGEST_BYTES: &str = "sluice_ingest_bytes_total";
+/// Records refused at the socket, by `reason` (see [`Rejected`]).
+pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
+
+// ---- agent: buffer
+/// Records held: waiting in the buffer or sent and not yet acknowledged by Kafka.
+pub const BUFFER_RECORDS: &str = "sluice_buffer_records";
+/// Bytes held, same span as [`BUFFER_RECORDS`].
+pub const BUFFER_BYTES: &str = "sluice_buffer_bytes";
+/// Configured byte capacity (`buffer.max_bytes`).
+pub const BUFFER_CAPACITY_BYTES: &str = "sluice_buffer_capacity_bytes";
+/// Configured record capacity (`buffer.max_records`).
+pub const BUFFER_CAPACITY_RECORDS: &str = "sluice_buffer_capacity_records";
+/// Records dropped by the full-buffer policy, `reason` = the `when_full` value.
+pub const BUFFER_DROPPED: &str = "sluice_buffer_records_dropped_total";
+
+// ---- agent: ship
+/// Records acknowledged by Kafka (acks=all).
+pub const SHIP_DELIVERED: &str = "sluice_ship_records_delivered_total";
+/// Bytes of acknowledged records (envelope bytes sent to Kafka).
+pub const SHIP_DELIVERED_BYTES: &str = "sluice_ship_bytes_delivered_total";
+/// Failed delivery reports, retried or not, by `reason` (librdkafka's error name).
+pub const SHIP_DELIVERY_ERRORS: &str = "sluice_ship_delivery_errors_total";
+/// Records put back into the buffer after a retryable delivery failure.
+pub const SHIP_RETRIED: &str = "sluice_ship_records_retried_total";
+/// Records given up: a non-retryable Kafka error, or still undelivered at the drain deadline.
+pub const SHIP_FAILED: &str = "sluice_ship_records_failed_total";
+/// 1 while the last Kafka metadata request succeeded.
+pub const KAFKA_REACHABLE: &str = "sluice_kafka_reachable";
+
+// ---- persist
+/// Kafka messages received by the persister.
+pub const PERSIST_CONSUMED: &str = "sluice_persist_records_consumed_total";
+/// Rows inserted into the logs table.
+pub const PERSIST_ROWS: &str = "sluice_persist_rows_written_total";
+/// Records already present (redelivery after a crash or rebalance), skipped by the unique key.
+pub const PERSIST_DUPLICATES: &str = "sluice_persist_rows_duplicate_total";
+/// Batches committed to PostgreSQL.
+pub const PERSIST_BATCHES: &str = "sluice_persist_batches_total";
+/// Time to write one batch: COPY, insert and commit.
+pub const PERSIST_BATCH_SECONDS: &str = "sluice_persist_batch_duration_seconds";
+/// Batch writes that failed and were retried.
+pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
+/// Offset stores or commits that failed.
+pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
+/// Messages that could not be parsed as a sluice envelope, kept in `dead_letters`, by `reason`.
+pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
+/// Partitions currently assigned to this persister.
+pub const PERSIST_ASSIGNED_PARTITIONS: &str = "sluice_persist_assigned_partitions";
+/// Consumer group rebalances seen.
+pub const PERSIST_REBALANCES: &str = "sluice_persist_rebalances_total";
+
+// ---- both
+/// Always 1; `version` label says which build runs.
+pub const BUILD_INFO: &str = "sluice_build_info";
+/// 1 while the process reports ready on `/readyz`.
+pub const READY: &str = "sluice_ready";
+
+/// Why a record was refused at the socket. The label value is [`Rejected::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    /// Longer than `ingest.max_record_size`.
+    TooLarge,
+    /// Not valid UTF-8.
+    InvalidUtf8,
+    /// An empty line.
+    Empty,
+}
+
+impl Rejected {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejected::TooLarge => "too_large",
+            Rejected::InvalidUtf8 => "invalid_utf8",
+            Rejected::Empty => "empty",
+        }
+    }
+}
+
+/// The recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot install the metrics recorder: {0}")]
+pub struct RecorderError(String);
+
+/// Installs the process-wide Prometheus recorder and describes every metric. Call once, from
+/// `main`; the returned handle renders the text the admin server serves.
+pub fn install_recorder() -> Result<PrometheusHandle, RecorderError> {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+        )
+        .map_err(|error| RecorderError(error.to_string()))?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|error| RecorderError(error.to_string()))?;
+    describe_all();
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    Ok(handle)
+}
+
+fn describe_all() {
+    describe_counter!(INGEST_CONNECTIONS, "Connections accepted on the ingest socket.");
+    describe_gauge!(INGEST_CONNECTIONS_OPEN, "Connections currently open on the ingest socket.");
+    describe_counter!(INGEST_RECORDS, "Records read from the socket and accepted.");
+    describe_counter!(INGEST_BYTES, Unit::Bytes, "Bytes of accepted records as written by the app.");
+    describe_counter!(INGEST_REJECTED, "Records refused at the socket, by reason.");
+    describe_gauge!(BUFFER_RECORDS, "Records held until Kafka acknowledges them.");
+    describe_gauge!(BUFFER_BYTES, Unit::Bytes, "Bytes held until Kafka acknowledges them.");
+    describe_gauge!(BUFFER_CAPACITY_BYTES, Unit::Bytes, "Buffer byte capacity (buffer.max_bytes).");
+    describe_gauge!(BUFFER_CAPACITY_RECORDS, "Buffer record capacity (buffer.max_records).");
+    describe_counter!(BUFFER_DROPPED, "Records dropped by the full-buffer policy, by reason.");
+    describe_counter!(SHIP_DELIVERED, "Records acknowledged by Kafka.");
+    describe_counter!(SHIP_DELIVERED_BYTES, Unit::Bytes, "Bytes of records acknowledged by Kafka.");
+    describe_counter!(SHIP_DELIVERY_ERRORS, "Failed Kafka delivery reports, by reason.");
+    describe_counter!(SHIP_RETRIED, "Records put back into the buffer after a retryable failure.");
+    describe_counter!(SHIP_FAILED, "Records given up, by reason.");
+    describe_gauge!(KAFKA_REACHABLE, "1 while Kafka answers metadata requests.");
+    describe_counter!(PERSIST_CONSUMED, "Kafka messages received by the persister.");
+    describe_counter!(PERSIST_ROWS, "Rows inserted into the logs table.");
+    describe_counter!(PERSIST_DUPLICATES, "Redelivered records skipped by the unique key.");
+    describe_counter!(PERSIST_BATCHES, "Batches committed to PostgreSQL.");
+    describe_histogram!(PERSIST_BATCH_SECONDS, Unit::Seconds, "Time to COPY, insert and commit one batch.");
+    describe_counter!(PERSIST_WRITE_ERRORS, "Batch writes that failed and were retried.");
+    describe_counter!(PERSIST_COMMIT_ERRORS, "Kafka offset stores or commits that failed.");
+    describe_counter!(PERSIST_DEAD_LETTERS, "Messages kept in dead_letters, by reason.");
+    describe_gauge!(PERSIST_ASSIGNED_PARTITIONS, "Partitions assigned to this persister.");
+    describe_counter!(PERSIST_REBALANCES, "Consumer group rebalances seen.");
+    describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
+    describe_gauge!(READY, "1 while /readyz answers 200.");
+}
+
+/// Installs the `tracing` subscriber for sluice's own logs (stderr). Call once, from `main`.
+pub fn init_logging(config: &LogConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    // Another subscriber may already be installed (tests); that is not an error.
+    let _ = match config.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
