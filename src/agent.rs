@@ -62,6 +62,7 @@ pub async fn run(
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> Result<DrainReport, AgentError> {
+    telemetry::register_agent_series();
     let pod = PodMetadata::from_env();
     let buffer = Buffer::new(&config.buffer);
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);

@@ -126,6 +126,7 @@ fn consumer_config(config: &Config) -> ClientConfig {
 
 /// Runs the persister until `shutdown` is cancelled, then finishes the current batch and commits.
 pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: CancellationToken) -> Result<(), PersistError> {
+    telemetry::register_persist_series();
     let admin = AdminServer::bind(&config.persist.admin_listen).await?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let database_ok = Arc::new(AtomicBool::new(false));

@@ -155,6 +155,46 @@ fn describe_all() {
     describe_gauge!(READY, "1 while /readyz answers 200.");
 }
 
+/// Reasons a Kafka delivery commonly fails with, shown at 0 from the start so that dashboards
+/// and `rate()` see a series before the first failure.
+const COMMON_DELIVERY_ERRORS: &[&str] = &["message_timed_out", "message_size_too_large", "all_brokers_down"];
+
+/// Creates the agent's labelled series at zero (a series that appears only on the first event
+/// hides that event from `increase()`).
+pub fn register_agent_series() {
+    for reason in [Rejected::TooLarge, Rejected::InvalidUtf8, Rejected::Empty] {
+        metrics::counter!(INGEST_REJECTED, REASON => reason.as_str()).increment(0);
+    }
+    for reason in COMMON_DELIVERY_ERRORS {
+        metrics::counter!(SHIP_DELIVERY_ERRORS, REASON => *reason).increment(0);
+    }
+    for reason in ["message_size_too_large", "drain_timeout"] {
+        metrics::counter!(SHIP_FAILED, REASON => reason).increment(0);
+    }
+    for name in [INGEST_CONNECTIONS, INGEST_RECORDS, INGEST_BYTES, SHIP_DELIVERED, SHIP_DELIVERED_BYTES, SHIP_RETRIED] {
+        metrics::counter!(name).increment(0);
+    }
+}
+
+/// Creates the persister's series at zero.
+pub fn register_persist_series() {
+    for name in [
+        PERSIST_CONSUMED,
+        PERSIST_ROWS,
+        PERSIST_DUPLICATES,
+        PERSIST_BATCHES,
+        PERSIST_WRITE_ERRORS,
+        PERSIST_COMMIT_ERRORS,
+        PERSIST_REBALANCES,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for reason in ["malformed_envelope", "nul_character"] {
+        metrics::counter!(PERSIST_DEAD_LETTERS, REASON => reason).increment(0);
+    }
+    metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);
+}
+
 /// Installs the `tracing` subscriber for sluice's own logs (stderr). Call once, from `main`.
 pub fn init_logging(config: &LogConfig) {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.level)

@@ -1,0 +1,61 @@
+//! The command line: `sluice check-config` and start-up failures.
+
+use std::process::Command;
+
+use crate::support::*;
+
+fn sluice(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().expect("run sluice")
+}
+
+#[test]
+fn check_config_prints_the_effective_config_with_secrets_redacted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, "[postgres]\nurl = \"postgres://app:s3cret@db/logs\"\n[buffer]\nmax_bytes = \"8 MiB\"\n")
+        .expect("write");
+    let output = sluice(&["check-config", path.to_str().expect("path")]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("max_bytes = \"8.0 MiB\""), "{shown}");
+    assert!(shown.contains("when_full = \"block\""), "defaults are shown too: {shown}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+#[test]
+fn check_config_exits_64_with_one_line_naming_the_key_and_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("typo.toml");
+    std::fs::write(&path, "[buffer]\nwhen_ful = \"drop_newest\"\n").expect("write");
+    let output = sluice(&["check-config", path.to_str().expect("path")]);
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("typo.toml") && stderr.contains("buffer.when_ful"), "{stderr}");
+}
+
+#[test]
+fn agent_with_a_bad_environment_override_exits_64_naming_the_variable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ok.toml");
+    std::fs::write(&path, "").expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["agent", "--config", path.to_str().expect("path")])
+        .env("SLUICE_BUFFER__WHEN_FULL", "sometimes")
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("SLUICE_BUFFER__WHEN_FULL"));
+}
+
+#[test]
+fn agent_refuses_to_replace_a_regular_file_at_the_socket_path() {
+    let services = services();
+    let config = TestConfig::new(&services, &unique("unused"));
+    std::fs::write(config.socket(), "precious").expect("write");
+    let path = config.write();
+    let output = sluice(&["agent", "--config", path.to_str().expect("path")]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not a socket"));
+    assert_eq!(std::fs::read_to_string(config.socket()).expect("still there"), "precious");
+}

@@ -1,0 +1,148 @@
+//! Start-up and shutdown of the real processes.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
+    let services = services();
+    let topic = unique("stale");
+    create_topic(&services, &topic, 1).await;
+    let mut config = TestConfig::new(&services, &topic);
+    config.set("ingest", "socket_mode", "0600");
+    // A socket file left behind by a crashed agent: bound, then closed without unlinking.
+    drop(std::os::unix::net::UnixListener::bind(config.socket()).expect("bind"));
+    let _agent = start_agent(&config).await;
+    let mode = std::fs::metadata(config.socket()).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_drains_its_buffer_to_kafka_on_sigterm_and_exits_zero() {
+    let services = services();
+    let topic = unique("drain");
+    create_topic(&services, &topic, 2).await;
+    let mut config = TestConfig::new(&services, &topic);
+    // A long linger keeps records in the buffer when SIGTERM arrives.
+    config.set("ship", "linger", "2s");
+    let mut agent = start_agent(&config).await;
+    let lines: Vec<Vec<u8>> = (0..5000).map(|i| format!("drain me {i}").into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", agent.log_text());
+    assert!(agent.log_text().contains("every accepted record was acknowledged"), "{}", agent.log_text());
+    assert!(!config.socket().exists(), "the socket file is removed on exit");
+
+    // Everything the agent accepted is in Kafka: the persister finds all of it.
+    let _persister = start_persister(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    assert_eq!(wait_for_rows(&db, 5000, WAIT).await, 5000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_unreachable() {
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("nobroker"));
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_bytes", "64 KiB")
+        .set("buffer", "when_full", "drop_newest")
+        .set("ingest", "max_record_size", "1 KiB")
+        .set("agent", "drain_timeout", "1s");
+    let path = config.write();
+    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
+    within(WAIT, "socket appears", async {
+        while !config.socket().exists() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
+    // Far more than the buffer holds: the writer must never be held up.
+    let lines: Vec<Vec<u8>> =
+        (0..20_000).map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}", "p".repeat(100)).into_bytes()).collect();
+    within(Duration::from_secs(30), "writer never blocks under drop_newest", send_lines(&config.socket(), &lines))
+        .await;
+
+    let (status, body) = http_get(config.agent_admin(), "/readyz").await.expect("readyz");
+    assert_eq!(status, 503, "not ready without kafka: {body}");
+    let metrics = within(WAIT, "all records accounted for", async {
+        loop {
+            let metrics = scrape(config.agent_admin()).await;
+            // Gauges are published every second; counters at once.
+            if metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
+                && metrics.count("sluice_buffer_records", &[]) > 0.0
+            {
+                break metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let dropped = metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]);
+    let held = metrics.count("sluice_buffer_records", &[]);
+    assert!(dropped > 10_000.0, "dropped {dropped}");
+    assert!(held > 0.0 && held * 100.0 <= 65536.0, "held {held} records in a 64 KiB buffer");
+    assert!(metrics.count("sluice_buffer_bytes", &[]) <= 65536.0);
+
+    // Shutdown gives up what it could not deliver, says so, and still exits.
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        agent.log_text().contains("records not acknowledged by kafka before the drain deadline"),
+        "{}",
+        agent.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_processes_expose_the_documented_metrics() {
+    let services = services();
+    let topic = unique("metrics");
+    create_topic(&services, &topic, 1).await;
+    let config = TestConfig::new(&services, &topic);
+    let _persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    send_lines(&config.socket(), &[b"one".to_vec(), b"two".to_vec(), vec![0xff]]).await;
+    wait_for_rows(&db, 2, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // gauges are published every second
+
+    let agent = scrape(config.agent_admin()).await;
+    for name in [
+        "sluice_ingest_records_total",
+        "sluice_ingest_bytes_total",
+        "sluice_ingest_records_rejected_total",
+        "sluice_ship_records_delivered_total",
+        "sluice_buffer_records",
+        "sluice_buffer_bytes",
+        "sluice_buffer_capacity_bytes",
+        "sluice_buffer_capacity_records",
+        "sluice_kafka_reachable",
+        "sluice_build_info",
+    ] {
+        assert!(agent.has(name), "agent lacks {name}:\n{}", agent.0);
+    }
+    assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 2.0);
+    assert_eq!(agent.value("sluice_ship_delivery_errors_total", &[("reason", "message_timed_out")]), Some(0.0));
+    assert_eq!(agent.value("sluice_ingest_records_rejected_total", &[("reason", "invalid_utf8")]), Some(1.0));
+
+    let persister = scrape(config.persist_admin()).await;
+    for name in [
+        "sluice_persist_rows_written_total",
+        "sluice_persist_batches_total",
+        "sluice_persist_batch_duration_seconds_bucket",
+        "sluice_persist_records_consumed_total",
+        "sluice_persist_assigned_partitions",
+    ] {
+        assert!(persister.has(name), "persister lacks {name}:\n{}", persister.0);
+    }
+    assert_eq!(persister.value("sluice_persist_commit_errors_total", &[]), Some(0.0));
+
+    let (status, _) = http_get(config.agent_admin(), "/healthz").await.expect("healthz");
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,8 @@
+//! Integration tests: the real `sluice` binary against the real Kafka broker and PostgreSQL
+//! started by `scripts/stack`. One test binary, so it builds once.
+
+mod cli;
+mod ingest;
+mod lifecycle;
+mod pipeline;
+mod support;

@@ -1,0 +1,141 @@
+//! End to end: app → socket → agent → Kafka → persister → PostgreSQL.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::support::*;
+
+const CONNECTIONS: usize = 8;
+const PER_CONNECTION: usize = 12_500;
+
+/// The `i`-th line of connection `c`: every third one plain text, the rest JSON, all distinct,
+/// with characters that a careless pipeline would change (escapes, non-ASCII, number formats).
+fn line(c: usize, i: usize) -> String {
+    if i % 3 == 0 {
+        format!("text {c}-{i}: \"quoted\" \\ tab\there café ✓ {{not json}}")
+    } else {
+        format!(r#"{{"conn":{c},"seq":{i},"level":"INFO","msg":"héllo \"w\"","n":1.50,"nested":{{"a":[1,2e3]}}}}"#)
+    }
+}
+
+async fn send_range(socket: &std::path::Path, range: std::ops::Range<usize>) {
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let socket = socket.to_path_buf();
+        let range = range.clone();
+        tasks.push(tokio::spawn(async move {
+            let lines: Vec<Vec<u8>> = range.map(|i| line(c, i).into_bytes()).collect();
+            send_lines(&socket, &lines).await;
+        }));
+    }
+    for task in tasks {
+        task.await.expect("sender task");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_kill() {
+    let services = services();
+    let topic = unique("pipeline");
+    create_topic(&services, &topic, 4).await;
+    let mut config = TestConfig::new(&services, &topic);
+    config.set("persist", "batch_max_records", 2000);
+    let mut persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+
+    // First half, then kill the persister while it is writing.
+    send_range(&config.socket(), 0..PER_CONNECTION / 2).await;
+    wait_for_rows(&db, 10_000, WAIT).await;
+    persister.kill();
+    let rows_at_kill = row_count(&db).await;
+
+    // Second half arrives while no persister runs; a new one picks up from the last commit.
+    send_range(&config.socket(), PER_CONNECTION / 2..PER_CONNECTION).await;
+    let restarted = start_persister(&config).await;
+    let total = (CONNECTIONS * PER_CONNECTION) as i64;
+    wait_for_rows(&db, total, Duration::from_secs(180)).await;
+    // Give late duplicates a chance to show up before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let row = db.query_one("SELECT count(*), count(DISTINCT record_id) FROM logs", &[]).await.expect("count");
+    let (count, distinct): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(count, total, "rows (at kill: {rows_at_kill})");
+    assert_eq!(distinct, total, "distinct record ids");
+
+    let expected: HashSet<String> =
+        (0..CONNECTIONS).flat_map(|c| (0..PER_CONNECTION).map(move |i| line(c, i))).collect();
+    let stored: HashSet<String> =
+        db.query("SELECT payload FROM logs", &[]).await.expect("payloads").iter().map(|r| r.get(0)).collect();
+    assert_eq!(stored.len(), expected.len());
+    let missing: Vec<_> = expected.difference(&stored).take(3).collect();
+    assert!(missing.is_empty(), "payloads missing or altered, e.g. {missing:?}");
+
+    // JSON records are queryable as JSON, text records as messages.
+    let json: i64 = db
+        .query_one(
+            "SELECT count(*) FROM logs WHERE format = 'json' AND (record->>'seq')::int >= 0 AND level = 'info'",
+            &[],
+        )
+        .await
+        .expect("json query")
+        .get(0);
+    assert_eq!(json, (CONNECTIONS * (PER_CONNECTION - PER_CONNECTION.div_ceil(3))) as i64);
+    let text: i64 = db
+        .query_one("SELECT count(*) FROM logs WHERE format = 'text' AND message = payload AND record ? 'message'", &[])
+        .await
+        .expect("text query")
+        .get(0);
+    assert_eq!(text, (CONNECTIONS * PER_CONNECTION.div_ceil(3)) as i64);
+
+    let metrics = scrape(config.persist_admin()).await;
+    assert!(metrics.count("sluice_persist_rows_written_total", &[]) > 0.0);
+    drop(restarted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_carry_the_envelope_metadata_into_their_row() {
+    let services = services();
+    let topic = unique("envelope");
+    create_topic(&services, &topic, 1).await;
+    let config = TestConfig::new(&services, &topic);
+    let _persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+
+    let line = r#"{"time":"2026-03-04T05:06:07.5Z","severity":"WARN","message":"disk at 91%","user":"ann"}"#;
+    send_lines(&config.socket(), &[line.as_bytes().to_vec()]).await;
+    wait_for_rows(&db, 1, WAIT).await;
+
+    let row = db
+        .query_one(
+            "SELECT record_id, event_time = '2026-03-04T05:06:07.5Z'::timestamptz, level, message, peer_uid, peer_pid, \
+             ingest_time > now() - interval '5 minutes', record->>'user', payload, kafka_topic FROM logs",
+            &[],
+        )
+        .await
+        .expect("row");
+    let record_id: String = row.get(0);
+    assert!(record_id.ends_with("-0"), "{record_id}");
+    assert!(row.get::<_, bool>(1), "event time from the record's time field");
+    assert_eq!(row.get::<_, Option<String>>(2).as_deref(), Some("warn"));
+    assert_eq!(row.get::<_, Option<String>>(3).as_deref(), Some("disk at 91%"));
+    // SAFETY of the assumption: the test process is the peer.
+    assert_eq!(row.get::<_, Option<i64>>(4), Some(i64::from(unsafe_free_uid())));
+    assert_eq!(row.get::<_, Option<i32>>(5), Some(std::process::id() as i32));
+    assert!(row.get::<_, bool>(6));
+    assert_eq!(row.get::<_, Option<String>>(7).as_deref(), Some("ann"));
+    assert_eq!(row.get::<_, String>(8), line);
+    assert_eq!(row.get::<_, String>(9), topic);
+}
+
+/// The uid of this process, read from /proc (the crate forbids unsafe code, so no libc call).
+fn unsafe_free_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|uid| uid.parse().ok())
+        .expect("Uid line")
+}

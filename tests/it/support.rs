@@ -1,0 +1,354 @@
+//! Shared helpers for the integration tests: the services from `scripts/stack env`, unique
+//! names, the real `sluice` binary started as a child process on a temp socket, metric scrapes
+//! and waiting for rows. Every child is killed by pid when its handle drops.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Any single wait in a test is bounded by this unless it says otherwise.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The services the stack started (`scripts/stack env`).
+#[derive(Clone, Debug)]
+pub struct Services {
+    pub kafka: String,
+    pub pg: String,
+}
+
+pub fn services() -> Services {
+    let read = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set. Integration tests run against real services: \
+                 `scripts/stack up && export $(scripts/stack env)`, or run `scripts/test`."
+            )
+        })
+    };
+    Services { kafka: read("SLUICE_TEST_KAFKA"), pg: read("SLUICE_TEST_PG") }
+}
+
+/// A name no other test (or earlier run) uses: lower-case, valid as topic and schema name.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{prefix}_{}_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed), nanos % 1_000_000_000)
+}
+
+/// A free loopback port (bound, then released for the child to take).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// Fails the test if `future` takes longer than `limit`, naming what was awaited.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future).await.unwrap_or_else(|_| panic!("timed out after {limit:?}: {what}"))
+}
+
+/// Creates a topic with `partitions` partitions and waits until it is usable.
+pub async fn create_topic(services: &Services, name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &services.kafka).create().expect("kafka admin client");
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let results = within(WAIT, "create topic", admin.create_topics([&topic], &AdminOptions::new()))
+        .await
+        .expect("create_topics request");
+    for result in results {
+        result.unwrap_or_else(|(topic, error)| panic!("cannot create topic {topic}: {error}"));
+    }
+}
+
+/// The config both processes of a test read, as a TOML table tests may change.
+pub struct TestConfig {
+    pub table: toml::Table,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestConfig {
+    /// Agent and persister wired to the stack, on a fresh topic, schema, group, socket and ports.
+    pub fn new(services: &Services, topic: &str) -> Self {
+        let dir = tempfile::Builder::new().prefix("sluice-it").tempdir().expect("tempdir");
+        let text = format!(
+            r#"
+            [log]
+            level = "info,librdkafka=warn"
+            [kafka]
+            brokers = "{kafka}"
+            topic = "{topic}"
+            [agent]
+            admin_listen = "127.0.0.1:{agent_port}"
+            drain_timeout = "15s"
+            [ingest]
+            socket = "{socket}"
+            [persist]
+            admin_listen = "127.0.0.1:{persist_port}"
+            group_id = "{group}"
+            batch_max_wait = "100ms"
+            [persist.properties]
+            "session.timeout.ms" = "6000"
+            "heartbeat.interval.ms" = "500"
+            [postgres]
+            url = "{pg}"
+            schema = "{schema}"
+            "#,
+            kafka = services.kafka,
+            pg = services.pg,
+            agent_port = free_port(),
+            persist_port = free_port(),
+            socket = dir.path().join("sluice.sock").display(),
+            group = unique("group"),
+            schema = unique("t"),
+        );
+        Self { table: text.parse().expect("test config parses"), dir }
+    }
+
+    /// Sets `section.key` to `value`.
+    pub fn set(&mut self, section: &str, key: &str, value: impl Into<toml::Value>) -> &mut Self {
+        let entry = self.table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        entry.as_table_mut().expect("section is a table").insert(key.to_string(), value.into());
+        self
+    }
+
+    fn get(&self, section: &str, key: &str) -> &str {
+        self.table[section][key].as_str().expect("string key")
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        PathBuf::from(self.get("ingest", "socket"))
+    }
+
+    pub fn agent_admin(&self) -> SocketAddr {
+        self.get("agent", "admin_listen").parse().expect("address")
+    }
+
+    pub fn persist_admin(&self) -> SocketAddr {
+        self.get("persist", "admin_listen").parse().expect("address")
+    }
+
+    pub fn schema(&self) -> String {
+        self.get("postgres", "schema").to_string()
+    }
+
+    /// Writes the config to a file in the test's directory.
+    pub fn write(&self) -> PathBuf {
+        let path = self.dir.path().join(format!("sluice-{}.toml", unique("cfg")));
+        std::fs::write(&path, toml::to_string(&self.table).expect("serialise config")).expect("write config");
+        path
+    }
+}
+
+/// A running `sluice` child process; killed (by pid) when dropped.
+pub struct Process {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub name: &'static str,
+}
+
+impl Process {
+    pub fn spawn(name: &'static str, args: &[&str], dir: &Path) -> Self {
+        let log = dir.join(format!("{name}-{}.log", unique("log")));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("start sluice");
+        Self { child: Some(child), log, name }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).expect("running")
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status =
+            Command::new("kill").args([&format!("-{signal}"), &self.pid().to_string()]).status().expect("kill");
+        assert!(status.success(), "kill -{signal} {}", self.pid());
+    }
+
+    /// Waits for the process to exit by itself.
+    pub async fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {limit:?}; log:\n{}",
+                self.name,
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `sluice agent` and waits until `/readyz` says ready.
+pub async fn start_agent(config: &TestConfig) -> Process {
+    let path = config.write();
+    let process =
+        Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
+    wait_ready(&process, config.agent_admin()).await;
+    process
+}
+
+/// Starts `sluice persist` and waits until `/readyz` says ready (partitions assigned).
+pub async fn start_persister(config: &TestConfig) -> Process {
+    let path = config.write();
+    let process =
+        Process::spawn("persist", &["persist", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
+    wait_ready(&process, config.persist_admin()).await;
+    process
+}
+
+pub async fn wait_ready(process: &Process, admin: SocketAddr) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok((200, _)) = http_get(admin, "/readyz").await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} not ready within {WAIT:?}; log:\n{}", process.name, process.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A minimal HTTP/1.0 GET: status and body.
+pub async fn http_get(address: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let request = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        let status = response.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+        Ok((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(10), request)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("http timeout")))
+}
+
+/// The Prometheus text of `/metrics`.
+pub async fn scrape(admin: SocketAddr) -> Metrics {
+    let (status, body) = http_get(admin, "/metrics").await.expect("scrape");
+    assert_eq!(status, 200, "{body}");
+    Metrics(body)
+}
+
+/// A scrape, queried by name and labels.
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// The value of the sample `name{labels}` (labels must match exactly), if present.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.0.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (series_name, series_labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+                None => (series, HashMap::new()),
+            };
+            let wanted: HashMap<&str, &str> = labels.iter().copied().collect();
+            let matches = series_name == name
+                && series_labels.len() == wanted.len()
+                && wanted.iter().all(|(k, v)| series_labels.get(k).map(String::as_str) == Some(*v));
+            matches.then(|| value.parse().ok()).flatten()
+        })
+    }
+
+    /// Like [`Metrics::value`], 0 when the series does not exist yet.
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.value(name, labels).unwrap_or(0.0)
+    }
+
+    /// True if any sample of `name` (any labels) is present.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.lines().any(|line| {
+            !line.starts_with('#') && (line.starts_with(&format!("{name} ")) || line.starts_with(&format!("{name}{{")))
+        })
+    }
+}
+
+fn parse_labels(text: &str) -> HashMap<&str, String> {
+    text.split("\",")
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.trim(), value.trim_matches('"').to_string()))
+        })
+        .collect()
+}
+
+/// A PostgreSQL client on the test database, `search_path` set to `schema`.
+pub async fn pg(services: &Services, schema: &str) -> tokio_postgres::Client {
+    let mut config: tokio_postgres::Config = services.pg.parse().expect("SLUICE_TEST_PG is a URL");
+    config.options(format!("-c search_path={schema}"));
+    let (client, connection) =
+        within(WAIT, "connect to postgres", config.connect(tokio_postgres::NoTls)).await.expect("connect to postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// Rows in `logs` (0 while the table does not exist yet).
+pub async fn row_count(client: &tokio_postgres::Client) -> i64 {
+    match client.query_one("SELECT count(*) FROM logs", &[]).await {
+        Ok(row) => row.get(0),
+        Err(_) => 0,
+    }
+}
+
+/// Waits until `logs` holds at least `n` rows; returns the count seen.
+pub async fn wait_for_rows(client: &tokio_postgres::Client, n: i64, limit: Duration) -> i64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let count = row_count(client).await;
+        if count >= n {
+            return count;
+        }
+        assert!(Instant::now() < deadline, "only {count} of {n} rows after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Writes `lines` (each followed by `\n`) on one connection and closes it.
+pub async fn send_lines(socket: &Path, lines: &[Vec<u8>]) {
+    let mut stream =
+        within(WAIT, "connect to the agent", tokio::net::UnixStream::connect(socket)).await.expect("connect");
+    let mut buffer = Vec::new();
+    for line in lines {
+        buffer.extend_from_slice(line);
+        buffer.push(b'\n');
+    }
+    within(WAIT, "write lines", stream.write_all(&buffer)).await.expect("write");
+    stream.shutdown().await.expect("shutdown");
+}
