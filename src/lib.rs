@@ -9,10 +9,10 @@
 pub mod admin;
 pub mod agent;
 pub mod buffer;
+pub mod client;
 pub mod config;
 pub mod envelope;
 pub mod ingest;
-pub mod loadgen;
 pub mod persist;
 pub mod ship;
 pub mod shutdown;

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use sluice::config::Config;
 use sluice::shutdown::Shutdown;
-use sluice::{agent, loadgen, persist, telemetry};
+use sluice::{agent, client, persist, telemetry};
 
 /// Exit code for bad usage or configuration (EX_USAGE).
 const EXIT_USAGE: u8 = 64;
@@ -45,6 +45,14 @@ enum Command {
         /// Config file (TOML).
         file: PathBuf,
     },
+    /// Send records to an agent's socket: each MESSAGE as one record, or stdin line by line.
+    Send {
+        /// The agent's socket.
+        #[arg(long, env = "SLUICE_SOCKET", default_value = "/run/sluice/sluice.sock")]
+        socket: PathBuf,
+        /// Records to send; without any, stdin is sent (one record per line).
+        messages: Vec<String>,
+    },
     /// Write sample records to an agent's socket (demo and smoke tests, not benchmarks).
     Loadgen {
         /// The agent's socket.
@@ -71,8 +79,16 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Agent { config } => serve(&config, Role::Agent),
         Command::Persist { config } => serve(&config, Role::Persist),
+        Command::Send { socket, messages } => report(runtime().and_then(|rt| {
+            rt.block_on(async {
+                client::send(&socket, &messages, tokio::io::stdin())
+                    .await
+                    .map(|_| ())
+                    .with_context(|| format!("sending to {}", socket.display()))
+            })
+        })),
         Command::Loadgen { socket, records, connections, rate, text_every } => {
-            let spec = loadgen::LoadSpec { socket, records, connections, rate, text_every };
+            let spec = client::LoadSpec { socket, records, connections, rate, text_every };
             report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
         }
     }
@@ -134,8 +150,8 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
     }
 }
 
-async fn loadgen_main(spec: loadgen::LoadSpec) -> anyhow::Result<()> {
-    let report = loadgen::run(&spec).await.with_context(|| format!("writing to {}", spec.socket.display()))?;
+async fn loadgen_main(spec: client::LoadSpec) -> anyhow::Result<()> {
+    let report = client::run(&spec).await.with_context(|| format!("writing to {}", spec.socket.display()))?;
     println!(
         "sent {} records ({:.1} MiB) over {} connections in {:.2}s: {:.0} records/s",
         report.records,

@@ -10,6 +10,9 @@ use serde_json::Value;
 
 use crate::envelope::{Envelope, Format};
 
+#[cfg(test)]
+mod tests;
+
 /// Where a message came from in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {

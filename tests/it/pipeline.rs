@@ -11,7 +11,7 @@ const PER_CONNECTION: usize = 12_500;
 /// The `i`-th line of connection `c`: every third one plain text, the rest JSON, all distinct,
 /// with characters that a careless pipeline would change (escapes, non-ASCII, number formats).
 fn line(c: usize, i: usize) -> String {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         format!("text {c}-{i}: \"quoted\" \\ tab\there café ✓ {{not json}}")
     } else {
         format!(r#"{{"conn":{c},"seq":{i},"level":"INFO","msg":"héllo \"w\"","n":1.50,"nested":{{"a":[1,2e3]}}}}"#)
@@ -138,4 +138,35 @@ fn unsafe_free_uid() -> u32 {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|uid| uid.parse().ok())
         .expect("Uid line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let services = services();
+    let topic = unique("dead");
+    create_topic(&services, &topic, 1).await;
+    let config = TestConfig::new(&services, &topic);
+    let _persister = start_persister(&config).await;
+    let producer: FutureProducer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", &services.kafka).create().expect("producer");
+    within(WAIT, "produce", producer.send(FutureRecord::<(), _>::to(&topic).payload("not an envelope"), WAIT))
+        .await
+        .expect("delivered");
+
+    let db = pg(&services, &config.schema()).await;
+    let reason: String = within(WAIT, "dead letter row", async {
+        loop {
+            if let Ok(row) = db.query_one("SELECT reason, payload FROM dead_letters", &[]).await {
+                assert_eq!(row.get::<_, Vec<u8>>(1), b"not an envelope");
+                break row.get(0);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert_eq!(reason, "malformed_envelope");
+    let metrics = scrape(config.persist_admin()).await;
+    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]), 1.0);
+    assert_eq!(row_count(&db).await, 0);
 }

@@ -1,13 +1,15 @@
-//! `sluice loadgen`: writes sample records to an agent's socket, the way an app would.
+//! The client side of the socket: `sluice send` (records from arguments or stdin, for shells
+//! and scripts) and `sluice loadgen` (sample records, the way an app would write them).
 //!
-//! Owns: a small, dependency-free load generator for the demo and for tests (N connections,
-//! a record count, an optional rate, a mix of JSON and plain-text lines). Must not: be used to
-//! make claims about speed; that is the benchmark's job (its own command, with its own checks).
+//! Owns: a small, dependency-free writer and load generator for the demo and for tests (N
+//! connections, a record count, an optional rate, a mix of JSON and plain-text lines). Must not:
+//! be used to make claims about speed; that is the benchmark's job (its own command, with its
+//! own checks).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
 use tokio::net::UnixStream;
 
 /// What to send.
@@ -66,7 +68,7 @@ pub async fn run(spec: &LoadSpec) -> std::io::Result<LoadReport> {
         let share = spec.records / u64::from(connections)
             + u64::from(u64::from(connection) < spec.records % u64::from(connections));
         let spec = spec.clone();
-        tasks.push(tokio::spawn(async move { send(&spec, connection, share, connections).await }));
+        tasks.push(tokio::spawn(async move { load_connection(&spec, connection, share, connections).await }));
     }
     let mut bytes = 0;
     for task in tasks {
@@ -75,7 +77,7 @@ pub async fn run(spec: &LoadSpec) -> std::io::Result<LoadReport> {
     Ok(LoadReport { records: spec.records, bytes, elapsed: started.elapsed() })
 }
 
-async fn send(spec: &LoadSpec, connection: u32, records: u64, connections: u32) -> std::io::Result<u64> {
+async fn load_connection(spec: &LoadSpec, connection: u32, records: u64, connections: u32) -> std::io::Result<u64> {
     let stream = UnixStream::connect(&spec.socket).await?;
     let mut writer = BufWriter::with_capacity(64 * 1024, stream);
     let per_connection_rate = spec.rate as f64 / f64::from(connections);
@@ -97,4 +99,21 @@ async fn send(spec: &LoadSpec, connection: u32, records: u64, connections: u32) 
     writer.flush().await?;
     writer.into_inner().shutdown().await?;
     Ok(bytes)
+}
+
+/// Writes each of `records` as one line, or, when there are none, copies `stdin` to the socket
+/// as it is (one record per line). Returns the bytes written.
+pub async fn send(socket: &std::path::Path, records: &[String], stdin: impl AsyncRead + Unpin) -> std::io::Result<u64> {
+    let mut stream = UnixStream::connect(socket).await?;
+    let written = if records.is_empty() {
+        let mut stdin = stdin;
+        tokio::io::copy(&mut stdin, &mut stream).await?
+    } else {
+        let mut text = records.join("\n");
+        text.push('\n');
+        stream.write_all(text.as_bytes()).await?;
+        text.len() as u64
+    };
+    stream.shutdown().await?;
+    Ok(written)
 }

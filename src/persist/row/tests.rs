@@ -1,0 +1,86 @@
+use serde_json::json;
+
+use super::*;
+
+fn origin() -> Origin {
+    Origin { topic: "t".into(), partition: 0, offset: 7 }
+}
+
+fn envelope(format: &str, record: &str) -> Vec<u8> {
+    format!(
+        r#"{{"v":1,"id":"i-1","ingest_time":"2026-11-30T01:02:03.000004Z","pod":{{"name":"web"}},"peer":{{"pid":9,"uid":1000,"gid":1000}},"format":"{format}","record":{record}}}"#
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_json_record_becomes_a_row_with_derived_columns() {
+    let record = r#"{"ts":1764464523.5,"lvl":"ERROR","msg":"boom","n":1.50}"#;
+    let Parsed::Row(row) = parse(Some(&envelope("json", record)), origin()) else { panic!("a row") };
+    assert_eq!(row.record_id, "i-1");
+    assert_eq!(row.payload, record);
+    assert_eq!(row.level.as_deref(), Some("error"));
+    assert_eq!(row.message.as_deref(), Some("boom"));
+    assert_eq!(row.event_time.map(|t| t.timestamp_millis()), Some(1_764_464_523_500));
+    assert_eq!(row.pod_name.as_deref(), Some("web"));
+    assert_eq!((row.peer_pid, row.peer_uid), (Some(9), Some(1000)));
+    assert_eq!(row.origin, origin());
+}
+
+#[test]
+fn a_text_record_keeps_its_line_as_message_and_payload() {
+    let Parsed::Row(row) = parse(Some(&envelope("text", r#"{"message":"a \"b\""}"#)), origin()) else {
+        panic!("a row")
+    };
+    assert_eq!(row.payload, "a \"b\"");
+    assert_eq!(row.message.as_deref(), Some("a \"b\""));
+    assert_eq!(row.record, json!({"message": "a \"b\""}));
+    assert_eq!((row.level, row.event_time), (None, None));
+}
+
+#[test]
+fn event_times_are_read_from_rfc3339_and_epoch_numbers_of_any_unit() {
+    let expected = Some(1_764_464_523_000);
+    for value in [
+        json!("2025-11-30T01:02:03Z"),
+        json!(1_764_464_523),
+        json!(1_764_464_523_000_i64),
+        json!(1_764_464_523_000_000_i64),
+    ] {
+        assert_eq!(event_time(&value).map(|t| t.timestamp_millis()), expected, "{value}");
+    }
+    assert_eq!(event_time(&json!("yesterday")), None);
+    assert_eq!(event_time(&json!(true)), None);
+    assert_eq!(event_time(&json!("0001-01-01T00:00:00Z")), None, "implausible years are not believed");
+}
+
+#[test]
+fn levels_are_lower_cased_and_numeric_levels_named() {
+    assert_eq!(level(&json!("WARN")).as_deref(), Some("warn"));
+    assert_eq!(level(&json!(50)).as_deref(), Some("error"));
+    assert_eq!(level(&json!(33)), None);
+    assert_eq!(level(&json!("x".repeat(100))), None);
+}
+
+#[test]
+fn a_message_that_is_not_an_envelope_becomes_a_dead_letter_with_its_bytes() {
+    let Parsed::Dead(letter) = parse(Some(b"hello from someone else"), origin()) else { panic!("dead letter") };
+    assert_eq!(letter.reason, "malformed_envelope");
+    assert_eq!(letter.payload.as_deref(), Some(&b"hello from someone else"[..]));
+    let Parsed::Dead(letter) = parse(None, origin()) else { panic!("dead letter") };
+    assert_eq!(letter.reason, "empty_message");
+}
+
+#[test]
+fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_it() {
+    let Parsed::Dead(letter) = parse(Some(&envelope("text", r#"{"message":"a\u0000b"}"#)), origin()) else {
+        panic!("dead letter")
+    };
+    assert_eq!(letter.reason, "nul_character");
+    let Parsed::Dead(letter) = parse(Some(&envelope("json", r#"{"k":"a\u0000"}"#)), origin()) else {
+        panic!("dead letter")
+    };
+    assert_eq!(letter.reason, "nul_character");
+    // An escaped backslash followed by "u0000" is not a NUL character.
+    assert!(matches!(parse(Some(&envelope("json", r#"{"k":"a\\u0000"}"#)), origin()), Parsed::Row(_)));
+}
