@@ -8,6 +8,10 @@
 //! the primary key (record id, ingest time) with `ON CONFLICT DO NOTHING` makes that redelivery
 //! add no rows: exactly one row per record.
 //!
+//! librdkafka commits a revoked partition's stored offsets during the rebalance only when
+//! auto-commit is enabled (librdkafka#1647), and refuses to store offsets for partitions no
+//! longer assigned (librdkafka#3774): both are why auto-commit stays on with manual storing.
+//!
 //! Must not: store an offset before its rows are committed, drop a message (it becomes a row or
 //! a dead letter), or give up a batch because PostgreSQL is down (it retries with backoff; the
 //! consumer group takes the partitions elsewhere if this member stops polling for too long).
@@ -40,6 +44,8 @@ use writer::Writer;
 
 /// How often partitions ahead are created and old ones dropped.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
+/// How often PostgreSQL is asked `SELECT 1` for `/readyz`, also while no records arrive.
+const DATABASE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest wait between retries of a failed batch.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -144,6 +150,7 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
         let maintenance = tokio::spawn(maintain(config.clone(), shutdown.clone()));
+        let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
         consume(&config, &consumer, &mut writer, &database_ok, &shutdown).await;
         draining.store(true, Ordering::Relaxed);
         let committer = consumer.clone();
@@ -159,6 +166,7 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
         // for the session timeout. It may block briefly: do it off the runtime's workers.
         let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
         let _ = maintenance.await;
+        drop(probe); // stops with `background`
         Ok(())
     }
     .await;
@@ -389,6 +397,34 @@ async fn maintain(config: Config, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(MAINTENANCE_INTERVAL) => {}
+        }
+    }
+}
+
+/// Keeps the database flag of `/readyz` current while the writer is idle, on its own connection.
+async fn probe_database(config: crate::config::PostgresConfig, database_ok: Arc<AtomicBool>, stop: CancellationToken) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    loop {
+        let check = async {
+            if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+                client = writer::connect(&config).await.ok();
+            }
+            match &client {
+                Some(client) => client.simple_query("SELECT 1").await.is_ok(),
+                None => false,
+            }
+        };
+        let ok = tokio::time::timeout(DATABASE_PROBE_INTERVAL, check).await.unwrap_or(false);
+        if database_ok.swap(ok, Ordering::Relaxed) != ok {
+            if ok {
+                info!("postgres reachable");
+            } else {
+                warn!("postgres unreachable");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(DATABASE_PROBE_INTERVAL) => {}
         }
     }
 }

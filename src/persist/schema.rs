@@ -90,7 +90,7 @@ pub async fn apply_retention(
              JOIN pg_class c ON c.oid = i.inhrelid \
              JOIN pg_class p ON p.oid = i.inhparent \
              JOIN pg_namespace n ON n.oid = p.relnamespace \
-             WHERE p.relname = 'logs' AND n.nspname = current_schema()",
+             WHERE p.relname = 'logs' AND n.nspname = current_schema() ORDER BY c.relname",
             &[],
         )
         .await

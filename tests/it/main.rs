@@ -5,4 +5,5 @@ mod cli;
 mod ingest;
 mod lifecycle;
 mod pipeline;
+mod schema;
 mod support;
