@@ -4,14 +4,8 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_the_connection() {
-    let services = services();
-    let topic = unique("reject");
-    create_topic(&services, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.set("ingest", "max_record_size", "1 KiB");
-    let _persister = start_persister(&config).await;
-    let agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let pipeline = start_pipeline("reject", 1, |config| _ = config.set("ingest", "max_record_size", "1 KiB")).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
 
     let lines = vec![
         b"before the bad ones".to_vec(),
@@ -22,7 +16,7 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
         vec![b'y'; 1024],
     ];
     send_lines(&config.socket(), &lines).await;
-    wait_for_rows(&db, 3, WAIT).await;
+    wait_for_rows(db, 3, WAIT).await;
 
     let payloads: Vec<String> = db
         .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
@@ -39,19 +33,12 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
     assert_eq!(rejected("invalid_utf8"), 1.0);
     assert_eq!(rejected("empty"), 1.0);
     assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 3.0);
-    drop(agent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
-    let services = services();
-    let topic = unique("slow");
-    create_topic(&services, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.set("ingest", "max_record_size", "1 KiB");
-    let _persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let pipeline = start_pipeline("slow", 1, |config| _ = config.set("ingest", "max_record_size", "1 KiB")).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
 
     // One connection dribbles bytes and never ends its record...
     let mut slow = tokio::net::UnixStream::connect(config.socket()).await.expect("connect");
@@ -61,19 +48,13 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
     }
     // ...while another one is served normally.
     send_lines(&config.socket(), &[b"quick".to_vec()]).await;
-    wait_for_rows(&db, 1, WAIT).await;
+    wait_for_rows(db, 1, WAIT).await;
     // The slow one's 2000 bytes exceeded the limit: rejected once its newline comes.
     slow.write_all(b"\n").await.expect("write");
     slow.shutdown().await.expect("close");
-    let agent_admin = config.agent_admin();
-    within(WAIT, "too_large counted", async {
-        loop {
-            let metrics = scrape(agent_admin).await;
-            if metrics.count("sluice_ingest_records_rejected_total", &[("reason", "too_large")]) == 1.0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+    eventually("too_large counted", || async {
+        let metrics = scrape(config.agent_admin()).await;
+        (metrics.count("sluice_ingest_records_rejected_total", &[("reason", "too_large")]) == 1.0).then_some(())
     })
     .await;
 }

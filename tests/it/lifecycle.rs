@@ -54,12 +54,7 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
         .set("agent", "drain_timeout", "1s");
     let path = config.write();
     let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    within(WAIT, "socket appears", async {
-        while !config.socket().exists() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    eventually("socket appears", || async { config.socket().exists().then_some(()) }).await;
 
     // Far more than the buffer holds: the writer must never be held up.
     let lines: Vec<Vec<u8>> =
@@ -69,17 +64,12 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
 
     let (status, body) = http_get(config.agent_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "not ready without kafka: {body}");
-    let metrics = within(WAIT, "all records accounted for", async {
-        loop {
-            let metrics = scrape(config.agent_admin()).await;
-            // Gauges are published every second; counters at once.
-            if metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
-                && metrics.count("sluice_buffer_records", &[]) > 0.0
-            {
-                break metrics;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    let metrics = eventually("all records accounted for", || async {
+        let metrics = scrape(config.agent_admin()).await;
+        // Gauges are published every second; counters at once.
+        let done = metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
+            && metrics.count("sluice_buffer_records", &[]) > 0.0;
+        done.then_some(metrics)
     })
     .await;
     let dropped = metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]);
@@ -101,15 +91,10 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_processes_expose_the_documented_metrics() {
-    let services = services();
-    let topic = unique("metrics");
-    create_topic(&services, &topic, 1).await;
-    let config = TestConfig::new(&services, &topic);
-    let _persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let pipeline = start_pipeline("metrics", 1, |_| {}).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
     send_lines(&config.socket(), &[b"one".to_vec(), b"two".to_vec(), vec![0xff]]).await;
-    wait_for_rows(&db, 2, WAIT).await;
+    wait_for_rows(db, 2, WAIT).await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // gauges are published every second
 
     let agent = scrape(config.agent_admin()).await;

@@ -35,26 +35,21 @@ async fn send_range(socket: &std::path::Path, range: std::ops::Range<usize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_kill() {
-    let services = services();
-    let topic = unique("pipeline");
-    create_topic(&services, &topic, 4).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.set("persist", "batch_max_records", 2000);
-    let mut persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let mut pipeline =
+        start_pipeline("pipeline", 4, |config| _ = config.set("persist", "batch_max_records", 2000)).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
 
     // First half, then kill the persister while it is writing.
     send_range(&config.socket(), 0..PER_CONNECTION / 2).await;
-    wait_for_rows(&db, 10_000, WAIT).await;
-    persister.kill();
-    let rows_at_kill = row_count(&db).await;
+    wait_for_rows(db, 10_000, WAIT).await;
+    pipeline.persister.kill();
+    let rows_at_kill = row_count(db).await;
 
     // Second half arrives while no persister runs; a new one picks up from the last commit.
     send_range(&config.socket(), PER_CONNECTION / 2..PER_CONNECTION).await;
-    let restarted = start_persister(&config).await;
+    let restarted = start_persister(config).await;
     let total = (CONNECTIONS * PER_CONNECTION) as i64;
-    wait_for_rows(&db, total, Duration::from_secs(180)).await;
+    wait_for_rows(db, total, Duration::from_secs(180)).await;
     // Give late duplicates a chance to show up before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -95,17 +90,12 @@ async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_ki
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_carry_the_envelope_metadata_into_their_row() {
-    let services = services();
-    let topic = unique("envelope");
-    create_topic(&services, &topic, 1).await;
-    let config = TestConfig::new(&services, &topic);
-    let _persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let pipeline = start_pipeline("envelope", 1, |_| {}).await;
+    let (config, db, topic) = (&pipeline.config, &pipeline.db, &pipeline.topic);
 
     let line = r#"{"time":"2026-03-04T05:06:07.5Z","severity":"WARN","message":"disk at 91%","user":"ann"}"#;
     send_lines(&config.socket(), &[line.as_bytes().to_vec()]).await;
-    wait_for_rows(&db, 1, WAIT).await;
+    wait_for_rows(db, 1, WAIT).await;
 
     let row = db
         .query_one(
@@ -126,7 +116,7 @@ async fn records_carry_the_envelope_metadata_into_their_row() {
     assert!(row.get::<_, bool>(6));
     assert_eq!(row.get::<_, Option<String>>(7).as_deref(), Some("ann"));
     assert_eq!(row.get::<_, String>(8), line);
-    assert_eq!(row.get::<_, String>(9), topic);
+    assert_eq!(&row.get::<_, String>(9), topic);
 }
 
 /// The uid of this process, read from /proc (the crate forbids unsafe code, so no libc call).
@@ -155,17 +145,12 @@ async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted()
         .expect("delivered");
 
     let db = pg(&services, &config.schema()).await;
-    let reason: String = within(WAIT, "dead letter row", async {
-        loop {
-            if let Ok(row) = db.query_one("SELECT reason, payload FROM dead_letters", &[]).await {
-                assert_eq!(row.get::<_, Vec<u8>>(1), b"not an envelope");
-                break row.get(0);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    let row = eventually("a dead letter row", || async {
+        db.query_one("SELECT reason, payload FROM dead_letters", &[]).await.ok()
     })
     .await;
-    assert_eq!(reason, "malformed_envelope");
+    assert_eq!(row.get::<_, String>(0), "malformed_envelope");
+    assert_eq!(row.get::<_, Vec<u8>>(1), b"not an envelope");
     let metrics = scrape(config.persist_admin()).await;
     assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]), 1.0);
     assert_eq!(row_count(&db).await, 0);

@@ -352,3 +352,41 @@ pub async fn send_lines(socket: &Path, lines: &[Vec<u8>]) {
     within(WAIT, "write lines", stream.write_all(&buffer)).await.expect("write");
     stream.shutdown().await.expect("shutdown");
 }
+
+/// A whole pipeline for one test: its own topic, config, persister, agent and database client.
+pub struct Pipeline {
+    pub topic: String,
+    pub config: TestConfig,
+    pub persister: Process,
+    /// Held so the agent runs as long as the pipeline does.
+    #[allow(dead_code)]
+    pub agent: Process,
+    pub db: tokio_postgres::Client,
+}
+
+/// Creates a topic with `partitions` partitions, lets `configure` adjust the config, then starts
+/// a persister and an agent and waits until both are ready.
+pub async fn start_pipeline(prefix: &str, partitions: i32, configure: impl FnOnce(&mut TestConfig)) -> Pipeline {
+    let services = services();
+    let topic = unique(prefix);
+    create_topic(&services, &topic, partitions).await;
+    let mut config = TestConfig::new(&services, &topic);
+    configure(&mut config);
+    let persister = start_persister(&config).await;
+    let agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    Pipeline { topic, config, persister, agent, db }
+}
+
+/// Polls `probe` every 100 ms until it returns `Some`, failing the test after `WAIT`.
+pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut probe: impl FnMut() -> F) -> T {
+    within(WAIT, what, async {
+        loop {
+            if let Some(value) = probe().await {
+                break value;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+}
