@@ -57,6 +57,19 @@ pub enum Dropped {
     Full(WhenFull),
 }
 
+/// Records waiting for the producer: those Kafka refused once (retry) go before new ones.
+#[derive(Default)]
+struct Queues {
+    retry: VecDeque<Record>,
+    fresh: VecDeque<Record>,
+}
+
+impl Queues {
+    fn len(&self) -> usize {
+        self.retry.len() + self.fresh.len()
+    }
+}
+
 /// Cheap to clone; all clones share one buffer.
 #[derive(Clone)]
 pub struct Buffer {
@@ -64,8 +77,8 @@ pub struct Buffer {
 }
 
 struct Shared {
-    /// Records waiting to be handed to the producer, oldest first.
-    queue: Mutex<VecDeque<Record>>,
+    /// Records waiting to be handed to the producer.
+    queue: Mutex<Queues>,
     /// Signalled when the queue gains a record. One consumer (the shipper) waits on it.
     ready: Notify,
     bytes: Arc<Semaphore>,
@@ -85,7 +98,7 @@ impl Buffer {
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(max_records as f64);
         Self {
             shared: Arc::new(Shared {
-                queue: Mutex::new(VecDeque::new()),
+                queue: Mutex::new(Queues::default()),
                 ready: Notify::new(),
                 bytes: Arc::new(Semaphore::new(max_bytes)),
                 records: Arc::new(Semaphore::new(max_records)),
@@ -127,7 +140,7 @@ impl Buffer {
                 }
             },
         };
-        self.lock().push_back(Record { payload, key, lease, retries: 0 });
+        self.lock().fresh.push_back(Record { payload, key, lease, retries: 0 });
         self.shared.ready.notify_one();
         Ok(())
     }
@@ -144,10 +157,12 @@ impl Buffer {
         loop {
             let notified = self.shared.ready.notified();
             {
-                let mut queue = self.lock();
-                if !queue.is_empty() {
-                    let take = queue.len().min(max);
-                    out.extend(queue.drain(..take));
+                let mut queues = self.lock();
+                if queues.len() > 0 {
+                    let from_retry = queues.retry.len().min(max);
+                    out.extend(queues.retry.drain(..from_retry));
+                    let from_fresh = queues.fresh.len().min(max - from_retry);
+                    out.extend(queues.fresh.drain(..from_fresh));
                     return;
                 }
             }
@@ -155,10 +170,11 @@ impl Buffer {
         }
     }
 
-    /// Puts a record back at the front (a retryable delivery failure), keeping its lease: the
-    /// record never left the budget, so this never waits and never drops.
+    /// Puts a record back (a retryable delivery failure), keeping its lease: the record never
+    /// left the budget, so this never waits and never drops. Retried records are sent before
+    /// fresh ones, in the order their failures were reported.
     pub fn requeue(&self, record: Record) {
-        self.lock().push_front(record);
+        self.lock().retry.push_back(record);
         self.shared.ready.notify_one();
     }
 
@@ -193,7 +209,7 @@ impl Buffer {
         metrics::gauge!(telemetry::BUFFER_BYTES).set(self.held_bytes() as f64);
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Record>> {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
         // A panic while holding this lock can only come from VecDeque itself (allocation
         // failure aborts); recover the data rather than poison every later caller.
         self.shared.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

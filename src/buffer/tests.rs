@@ -65,17 +65,19 @@ async fn blocks_a_writer_until_an_acknowledgement_frees_room() {
 }
 
 #[tokio::test]
-async fn requeued_records_come_back_first_and_keep_their_lease() {
+async fn requeued_records_come_back_first_in_failure_order_and_keep_their_lease() {
     let buffer = buffer(1000, 10, WhenFull::Block);
-    buffer.push(payload(1), None).await.expect("room");
-    buffer.push(payload(2), None).await.expect("room");
+    for len in 1..=4 {
+        buffer.push(payload(len), None).await.expect("room");
+    }
     let mut batch = Vec::new();
-    buffer.pop_batch(1, &mut batch).await;
-    let first = batch.pop().expect("one record");
-    buffer.requeue(first);
-    assert_eq!(buffer.held_records(), 2);
+    buffer.pop_batch(2, &mut batch).await;
+    for record in batch.drain(..) {
+        buffer.requeue(record);
+    }
+    assert_eq!(buffer.held_records(), 4);
     buffer.pop_batch(10, &mut batch).await;
-    assert_eq!(batch.iter().map(|r| r.payload.len()).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(batch.iter().map(|r| r.payload.len()).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
 }
 
 #[tokio::test(start_paused = true)]
