@@ -24,6 +24,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::config::{BufferConfig, WhenFull};
 use crate::telemetry;
 
+pub mod segment;
+pub mod spool;
+
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,80 @@
+use super::*;
+
+fn segment(frames: &[(Option<&[u8]>, &[u8])]) -> Vec<u8> {
+    let mut data = HEADER.to_vec();
+    for (key, payload) in frames {
+        encode(*key, payload, &mut data);
+    }
+    data
+}
+
+#[test]
+fn frames_round_trip_with_and_without_keys() {
+    let data = segment(&[(None, b"one"), (Some(b"k"), b"two"), (Some(b""), b"")]);
+    let report = scan(&data);
+    assert!(report.header_ok);
+    assert_eq!(report.corrupt_regions, 0);
+    let frames: Vec<_> = report.frames.iter().map(|r| frame_at(&data, r.start).expect("intact").0).collect();
+    assert_eq!(
+        frames,
+        vec![
+            Frame { key: None, payload: b"one" },
+            Frame { key: Some(b"k"), payload: b"two" },
+            Frame { key: Some(b""), payload: b"" }
+        ]
+    );
+    assert_eq!(report.frames[0].len(), frame_len(None, b"one"));
+}
+
+#[test]
+fn a_flipped_bit_loses_only_its_own_frame() {
+    let mut data = segment(&[(None, b"first"), (None, b"second"), (None, b"third")]);
+    let second = scan(&data).frames[1].clone();
+    data[second.start + FRAME_OVERHEAD + 5] ^= 0x10;
+    let report = scan(&data);
+    assert_eq!(report.corrupt_regions, 1);
+    let payloads: Vec<_> = report.frames.iter().map(|r| frame_at(&data, r.start).expect("intact").0.payload).collect();
+    assert_eq!(payloads, vec![&b"first"[..], &b"third"[..]]);
+}
+
+#[test]
+fn a_torn_last_frame_is_one_corrupt_region() {
+    let mut data = segment(&[(None, b"kept"), (None, b"torn by a crash")]);
+    data.truncate(data.len() - 4);
+    let report = scan(&data);
+    assert_eq!(report.frames.len(), 1);
+    assert_eq!(report.corrupt_regions, 1);
+}
+
+#[test]
+fn a_wrong_header_trusts_nothing() {
+    let mut data = segment(&[(None, b"x")]);
+    data[0] = b'X';
+    let report = scan(&data);
+    assert!(!report.header_ok);
+    assert!(report.frames.is_empty());
+    assert_eq!(report.corrupt_regions, 1);
+}
+
+#[test]
+fn a_huge_declared_length_is_damage_not_an_allocation() {
+    let mut data = segment(&[(None, b"x")]);
+    let frame_start = HEADER.len();
+    data[frame_start..frame_start + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(scan(&data).frames.is_empty());
+    let mut reader = &data[frame_start..];
+    let mut body = Vec::new();
+    assert!(matches!(read_frame(&mut reader, &mut body, 1024), Err(ReadError::Corrupt)));
+    assert!(body.capacity() < 1024);
+}
+
+#[test]
+fn read_frame_streams_frames_and_reports_a_clean_end() {
+    let data = segment(&[(Some(b"key"), b"payload"), (None, b"next")]);
+    let mut reader = &data[HEADER.len()..];
+    let mut body = Vec::new();
+    assert!(read_frame(&mut reader, &mut body, 1024).expect("first"));
+    assert_eq!(body_frame(&body), Some(Frame { key: Some(b"key"), payload: b"payload" }));
+    assert!(read_frame(&mut reader, &mut body, 1024).expect("second"));
+    assert!(!read_frame(&mut reader, &mut body, 1024).expect("end"));
+}

@@ -1,0 +1,593 @@
+//! The disk spool: an append-only sequence of segment files that holds every record of a
+//! `buffer.type = "disk"` agent from the moment it is written until Kafka acknowledges it.
+//!
+//! Owns: segment files (naming, rolling, fsync), start-up recovery (every frame checked; damaged
+//! regions counted and the original file moved to `quarantine/`, never deleted), the per-segment
+//! bookkeeping that decides when a segment may be deleted, the disk cap, and reading the backlog
+//! back in order.
+//!
+//! A segment is deleted only when it is sealed, none of its records is held in memory or in
+//! flight (`outstanding == 0`), and the backlog cursor has moved past it — so every record in it
+//! was acknowledged (or counted as dropped). After a crash the whole of every remaining segment
+//! is sent again: duplicates in Kafka are possible, losses are not, and the persister's unique
+//! key turns the duplicates into nothing.
+//!
+//! Must not: be called from a reader task (everything here does file I/O and runs on the
+//! blocking pool or the delivery thread), delete a segment with an unacknowledged record, or
+//! stop the agent because of a damaged file.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tracing::{error, info, warn};
+
+use super::segment::{self, HEADER};
+
+#[cfg(test)]
+mod tests;
+
+/// Where a record sits in the spool. Ordered: segment, then byte offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SpoolPos {
+    /// Segment number (the file name).
+    pub segment: u64,
+    /// Byte offset of the record's frame in the segment.
+    pub offset: u64,
+}
+
+impl SpoolPos {
+    /// The first record position of a segment.
+    pub fn start_of(segment: u64) -> Self {
+        Self { segment, offset: HEADER.len() as u64 }
+    }
+}
+
+/// When written records are forced to stable storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Never; the OS writes back when it likes. Survives a crash of sluice, not of the machine.
+    Never,
+    /// At most this long after a write (one fsync covers everything written meanwhile).
+    Interval(Duration),
+    /// Before a record counts as spooled (group commit: one fsync per batch of writes).
+    Always,
+}
+
+/// Spool settings, derived from `[buffer]`.
+#[derive(Debug, Clone)]
+pub struct SpoolConfig {
+    /// Directory of segment files (created).
+    pub dir: PathBuf,
+    /// Cap on the bytes of all segment files.
+    pub max_bytes: u64,
+    /// A segment is sealed and a new one started beyond this size.
+    pub segment_bytes: u64,
+    /// Sync policy.
+    pub fsync: Fsync,
+    /// Largest frame body accepted when reading (anything larger is damage).
+    pub max_body: usize,
+}
+
+/// What start-up found on disk.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Intact records from an earlier run, to be sent first.
+    pub records: u64,
+    /// Damaged regions skipped (each lost at least one record).
+    pub corrupt_regions: u64,
+    /// Files moved to the quarantine directory.
+    pub quarantined: Vec<PathBuf>,
+}
+
+#[derive(Debug, Default)]
+struct SegmentState {
+    /// Records written to the segment (or found intact at start-up).
+    records: u64,
+    /// Records acknowledged by Kafka or counted as dropped.
+    done: u64,
+    /// Records held in memory (queued or in flight), not yet done.
+    outstanding: u64,
+    /// File size.
+    bytes: u64,
+    /// No more records will be appended.
+    sealed: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    segments: BTreeMap<u64, SegmentState>,
+    disk_bytes: u64,
+    /// First record that exists only on disk; `None` when every record on disk is in memory
+    /// or done.
+    backlog: Option<SpoolPos>,
+}
+
+/// The spool's shared state. See the module documentation.
+pub struct Spool {
+    config: SpoolConfig,
+    quarantine: PathBuf,
+    state: Mutex<State>,
+}
+
+/// Records dropped with their segment under `when_full = "drop_oldest"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DroppedSegment {
+    /// The segment.
+    pub segment: u64,
+    /// Its records that existed only on disk and are now lost (counted by the caller).
+    pub lost: u64,
+}
+
+fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("{segment:020}.seg"))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl Spool {
+    /// Opens (or creates) the spool, recovering what an earlier run left. Blocking.
+    pub fn open(config: SpoolConfig) -> io::Result<(Arc<Spool>, SpoolWriter, Recovered)> {
+        std::fs::create_dir_all(&config.dir)?;
+        let quarantine = config.dir.join("quarantine");
+        let mut recovered = Recovered::default();
+        let mut state = State::default();
+        let mut ids: Vec<u64> = std::fs::read_dir(&config.dir)?
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| entry.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        for id in &ids {
+            let path = segment_path(&config.dir, *id);
+            let (records, bytes) = recover_segment(&path, &quarantine, &mut recovered)?;
+            if records == 0 {
+                std::fs::remove_file(&path)?;
+                continue;
+            }
+            recovered.records += records;
+            state.disk_bytes += bytes;
+            state.segments.insert(*id, SegmentState { records, bytes, sealed: true, ..SegmentState::default() });
+        }
+        state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
+        let next = ids.last().map_or(0, |id| id + 1);
+        let spool = Arc::new(Spool { config, quarantine, state: Mutex::new(state) });
+        let writer = SpoolWriter::create(spool.clone(), next)?;
+        if recovered.records > 0 || recovered.corrupt_regions > 0 {
+            info!(
+                records = recovered.records,
+                corrupt_regions = recovered.corrupt_regions,
+                "spool recovered records from an earlier run; they are sent first"
+            );
+        }
+        Ok((spool, writer, recovered))
+    }
+
+    /// The configured cap.
+    pub fn max_bytes(&self) -> u64 {
+        self.config.max_bytes
+    }
+
+    /// Bytes of all segment files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.lock().disk_bytes
+    }
+
+    /// The first disk-only record, if any.
+    pub fn backlog(&self) -> Option<SpoolPos> {
+        self.lock().backlog
+    }
+
+    /// Records are in memory again (read back from disk): they count as outstanding.
+    pub fn held(&self, positions: impl IntoIterator<Item = SpoolPos>) {
+        let mut state = self.lock();
+        for pos in positions {
+            if let Some(segment) = state.segments.get_mut(&pos.segment) {
+                segment.outstanding += 1;
+            }
+        }
+    }
+
+    /// Records left memory without being done (evicted under memory pressure): they are
+    /// disk-only again, from `first` on.
+    pub fn evicted(&self, positions: &[SpoolPos]) {
+        let mut state = self.lock();
+        for pos in positions {
+            if let Some(segment) = state.segments.get_mut(&pos.segment) {
+                segment.outstanding = segment.outstanding.saturating_sub(1);
+            }
+        }
+        if let Some(first) = positions.iter().min() {
+            state.backlog = Some(state.backlog.map_or(*first, |backlog| backlog.min(*first)));
+        }
+    }
+
+    /// A record is acknowledged by Kafka or counted as dropped. Returns true if a segment
+    /// became deletable (the caller then runs [`Spool::delete_done`] on the blocking pool).
+    pub fn done(&self, pos: SpoolPos) -> bool {
+        let mut state = self.lock();
+        let Some(segment) = state.segments.get_mut(&pos.segment) else {
+            return false; // dropped with its segment meanwhile
+        };
+        segment.done += 1;
+        segment.outstanding = segment.outstanding.saturating_sub(1);
+        let backlog = state.backlog;
+        state.segments.get(&pos.segment).is_some_and(|segment| deletable(pos.segment, segment, backlog))
+    }
+
+    /// Moves the backlog cursor (the reader went past records, or caught up: `None`).
+    pub fn set_backlog(&self, backlog: Option<SpoolPos>) {
+        self.lock().backlog = backlog;
+    }
+
+    /// Deletes every deletable segment file. Blocking. Returns bytes freed.
+    pub fn delete_done(&self) -> u64 {
+        let doomed: Vec<(u64, u64)> = {
+            let state = self.lock();
+            state
+                .segments
+                .iter()
+                .filter(|(id, segment)| deletable(**id, segment, state.backlog))
+                .map(|(id, segment)| (*id, segment.bytes))
+                .collect()
+        };
+        let mut freed = 0;
+        for (id, bytes) in doomed {
+            match std::fs::remove_file(segment_path(&self.config.dir, id)) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    warn!(%error, segment = id, "cannot delete a delivered spool segment; retrying later");
+                    continue;
+                }
+            }
+            let mut state = self.lock();
+            state.segments.remove(&id);
+            state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
+            freed += bytes;
+        }
+        freed
+    }
+
+    /// Deletes the oldest sealed segment to make room (`drop_oldest`). Its records that exist
+    /// only on disk are lost and returned for counting; records of it held in memory are still
+    /// delivered. Blocking.
+    pub fn drop_oldest(&self) -> Option<DroppedSegment> {
+        let (id, lost) = {
+            let mut state = self.lock();
+            let (&id, segment) = state.segments.iter().find(|(_, segment)| segment.sealed)?;
+            let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
+            let bytes = segment.bytes;
+            // Disk-only records of this segment are gone: the cursor moves past it.
+            if let Some(backlog) = state.backlog
+                && backlog.segment <= id
+            {
+                let next = state.segments.range(id + 1..).next().map(|(next, _)| SpoolPos::start_of(*next));
+                state.backlog = next;
+            }
+            state.segments.remove(&id);
+            state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
+            (id, lost)
+        };
+        if let Err(error) = std::fs::remove_file(segment_path(&self.config.dir, id))
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            error!(%error, segment = id, "cannot delete a dropped spool segment");
+        }
+        Some(DroppedSegment { segment: id, lost })
+    }
+
+    /// A reader of disk-only records.
+    pub fn reader(self: &Arc<Self>) -> SpoolReader {
+        SpoolReader { spool: self.clone(), file: None, body: Vec::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Copies a damaged segment into quarantine (the reader found damage after start-up).
+    fn quarantine_copy(&self, segment: u64) -> Option<PathBuf> {
+        let source = segment_path(&self.config.dir, segment);
+        let target = self.quarantine.join(format!("{segment:020}.seg.{}", quarantine_suffix()));
+        std::fs::create_dir_all(&self.quarantine).ok()?;
+        std::fs::copy(&source, &target).ok()?;
+        Some(target)
+    }
+}
+
+fn deletable(id: u64, segment: &SegmentState, backlog: Option<SpoolPos>) -> bool {
+    segment.sealed && segment.outstanding == 0 && backlog.is_none_or(|backlog| id < backlog.segment)
+}
+
+fn quarantine_suffix() -> String {
+    chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string()
+}
+
+/// Checks every frame of a segment left by an earlier run. A damaged file is moved to the
+/// quarantine directory and replaced by a copy holding only its intact frames. Returns the
+/// intact record count and the file size.
+fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64)> {
+    let data = std::fs::read(path)?;
+    let report = segment::scan(&data);
+    if report.corrupt_regions == 0 {
+        return Ok((report.frames.len() as u64, data.len() as u64));
+    }
+    std::fs::create_dir_all(quarantine)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let target = quarantine.join(format!("{name}.{}", quarantine_suffix()));
+    let mut clean = HEADER.to_vec();
+    for range in &report.frames {
+        clean.extend_from_slice(&data[range.clone()]);
+    }
+    let temporary = path.with_extension("seg.tmp");
+    std::fs::write(&temporary, &clean)?;
+    File::open(&temporary)?.sync_all()?;
+    std::fs::rename(path, &target)?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir)?;
+    }
+    error!(
+        segment = %path.display(),
+        quarantined = %target.display(),
+        corrupt_regions = report.corrupt_regions,
+        corrupt_bytes = report.corrupt_bytes,
+        intact_records = report.frames.len(),
+        "damaged spool segment: intact records kept, original moved to quarantine"
+    );
+    recovered.corrupt_regions += report.corrupt_regions;
+    recovered.quarantined.push(target);
+    Ok((report.frames.len() as u64, clean.len() as u64))
+}
+
+/// Appends records to the active segment. One writer per spool; it lives on the blocking pool.
+pub struct SpoolWriter {
+    spool: Arc<Spool>,
+    file: File,
+    segment: u64,
+    offset: u64,
+    unsynced: bool,
+    last_sync: Instant,
+    scratch: Vec<u8>,
+}
+
+impl SpoolWriter {
+    fn create(spool: Arc<Spool>, segment: u64) -> io::Result<Self> {
+        let path = segment_path(&spool.config.dir, segment);
+        let mut file = OpenOptions::new().create_new(true).write(true).open(&path)?;
+        file.write_all(HEADER)?;
+        if spool.config.fsync != Fsync::Never {
+            file.sync_data()?;
+            sync_dir(&spool.config.dir)?;
+        }
+        {
+            let mut state = spool.lock();
+            state.segments.insert(segment, SegmentState { bytes: HEADER.len() as u64, ..SegmentState::default() });
+            state.disk_bytes += HEADER.len() as u64;
+        }
+        Ok(Self {
+            spool,
+            file,
+            segment,
+            offset: HEADER.len() as u64,
+            unsynced: false,
+            last_sync: Instant::now(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The position the next record will get.
+    pub fn end(&self) -> SpoolPos {
+        SpoolPos { segment: self.segment, offset: self.offset }
+    }
+
+    /// True if `bytes` more fit under the cap.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.spool.disk_bytes() + bytes <= self.spool.config.max_bytes
+    }
+
+    /// Appends records (key, payload) in order and returns their positions. They count as
+    /// outstanding (held in memory by the caller) from here on. Durable once [`Self::sync`]
+    /// has run, if the policy syncs at all.
+    pub fn append(&mut self, records: &[(Option<&[u8]>, &[u8])]) -> io::Result<Vec<SpoolPos>> {
+        let mut positions = Vec::with_capacity(records.len());
+        self.scratch.clear();
+        let mut counted = 0u64;
+        for (key, payload) in records {
+            let len = segment::frame_len(*key, payload) as u64;
+            if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
+                self.flush_scratch(counted)?;
+                counted = 0;
+                self.roll()?;
+            }
+            positions.push(SpoolPos { segment: self.segment, offset: self.offset });
+            segment::encode(*key, payload, &mut self.scratch);
+            self.offset += len;
+            counted += 1;
+        }
+        self.flush_scratch(counted)?;
+        if self.spool.config.fsync == Fsync::Always {
+            self.sync()?;
+        }
+        Ok(positions)
+    }
+
+    fn flush_scratch(&mut self, records: u64) -> io::Result<()> {
+        if self.scratch.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.scratch)?;
+        self.unsynced = true;
+        let mut state = self.spool.lock();
+        state.disk_bytes += self.scratch.len() as u64;
+        if let Some(segment) = state.segments.get_mut(&self.segment) {
+            segment.records += records;
+            segment.outstanding += records;
+            segment.bytes += self.scratch.len() as u64;
+        }
+        drop(state);
+        self.scratch.clear();
+        Ok(())
+    }
+
+    fn roll(&mut self) -> io::Result<()> {
+        if self.spool.config.fsync != Fsync::Never {
+            self.sync()?;
+        }
+        if let Some(segment) = self.spool.lock().segments.get_mut(&self.segment) {
+            segment.sealed = true;
+        }
+        let next = Self::create(self.spool.clone(), self.segment + 1)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Forces written records to stable storage (if anything is unsynced).
+    pub fn sync(&mut self) -> io::Result<()> {
+        if self.unsynced {
+            self.file.sync_data()?;
+            self.unsynced = false;
+        }
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Syncs if the interval policy says it is time; true if it synced.
+    pub fn sync_if_due(&mut self) -> io::Result<bool> {
+        match self.spool.config.fsync {
+            Fsync::Interval(every) if self.unsynced && self.last_sync.elapsed() >= every => self.sync().map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
+    /// True if written records are not yet synced.
+    pub fn unsynced(&self) -> bool {
+        self.unsynced
+    }
+
+    /// Seals the active segment (shutdown), so the next start treats it like any other.
+    pub fn close(mut self) -> io::Result<()> {
+        self.sync()?;
+        if let Some(segment) = self.spool.lock().segments.get_mut(&self.segment) {
+            segment.sealed = true;
+        }
+        Ok(())
+    }
+}
+
+/// A record read back from disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskRecord {
+    /// Where it is.
+    pub pos: SpoolPos,
+    /// Its Kafka key.
+    pub key: Option<Bytes>,
+    /// Its envelope.
+    pub payload: Bytes,
+}
+
+/// What one read of the backlog returned.
+#[derive(Debug, Default)]
+pub struct ReadBatch {
+    /// Records, in order.
+    pub records: Vec<DiskRecord>,
+    /// Damaged regions met on the way (already quarantined; counted by the caller).
+    pub corrupt_regions: u64,
+    /// The position after the last record read or skipped.
+    pub next: Option<SpoolPos>,
+}
+
+/// Reads disk-only records in order. Lives on the blocking pool with the shipper's backlog lane.
+pub struct SpoolReader {
+    spool: Arc<Spool>,
+    file: Option<(u64, BufReader<File>, u64)>,
+    body: Vec<u8>,
+}
+
+impl SpoolReader {
+    /// Reads records from `from` while their position is below `upto`, stopping after
+    /// `max_records` records or `max_bytes` payload bytes. Blocking.
+    pub fn read(&mut self, from: SpoolPos, upto: SpoolPos, max_records: usize, max_bytes: usize) -> io::Result<ReadBatch> {
+        let mut batch = ReadBatch::default();
+        let mut pos = from;
+        let mut bytes = 0;
+        while pos < upto && batch.records.len() < max_records && bytes < max_bytes {
+            let known = self.spool.lock().segments.contains_key(&pos.segment);
+            if !known {
+                // Dropped meanwhile: continue with the next segment that exists.
+                match self.next_segment(pos.segment) {
+                    Some(next) => {
+                        pos = next;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            self.open_at(pos)?;
+            let max_body = self.spool.config.max_body;
+            let Some((_, reader, _)) = self.file.as_mut() else { break };
+            match segment::read_frame(reader, &mut self.body, max_body) {
+                Ok(true) => {
+                    let Some(frame) = segment::body_frame(&self.body) else { break };
+                    let record = DiskRecord {
+                        pos,
+                        key: frame.key.map(Bytes::copy_from_slice),
+                        payload: Bytes::copy_from_slice(frame.payload),
+                    };
+                    bytes += record.payload.len();
+                    let len = (segment::FRAME_OVERHEAD + self.body.len()) as u64;
+                    pos.offset += len;
+                    if let Some((_, _, offset)) = self.file.as_mut() {
+                        *offset += len;
+                    }
+                    batch.records.push(record);
+                }
+                Ok(false) => {
+                    // End of this segment; the writer only moves on after sealing it.
+                    match self.next_segment(pos.segment) {
+                        Some(next) if next <= upto => pos = next,
+                        _ => break,
+                    }
+                }
+                Err(segment::ReadError::Io(error)) => return Err(error),
+                Err(segment::ReadError::Corrupt) => {
+                    let quarantined = self.spool.quarantine_copy(pos.segment);
+                    error!(
+                        segment = pos.segment,
+                        offset = pos.offset,
+                        quarantined = ?quarantined,
+                        "damaged spool record; the rest of the segment is skipped"
+                    );
+                    batch.corrupt_regions += 1;
+                    match self.next_segment(pos.segment) {
+                        Some(next) => pos = next,
+                        None => break,
+                    }
+                }
+            }
+        }
+        batch.next = Some(pos);
+        Ok(batch)
+    }
+
+    fn next_segment(&mut self, after: u64) -> Option<SpoolPos> {
+        self.file = None;
+        self.spool.lock().segments.range(after + 1..).next().map(|(id, _)| SpoolPos::start_of(*id))
+    }
+
+    fn open_at(&mut self, pos: SpoolPos) -> io::Result<()> {
+        let reopen = !matches!(&self.file, Some((segment, _, offset)) if *segment == pos.segment && *offset == pos.offset);
+        if reopen {
+            let mut file = File::open(segment_path(&self.spool.config.dir, pos.segment))?;
+            file.seek(SeekFrom::Start(pos.offset))?;
+            self.file = Some((pos.segment, BufReader::with_capacity(64 * 1024, file), pos.offset));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+use super::*;
+
+fn config(dir: &Path) -> SpoolConfig {
+    SpoolConfig {
+        dir: dir.to_path_buf(),
+        max_bytes: 1024 * 1024,
+        segment_bytes: 256,
+        fsync: Fsync::Always,
+        max_body: 64 * 1024,
+    }
+}
+
+fn payloads(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| format!("record number {i:04}").into_bytes()).collect()
+}
+
+fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
+    let records: Vec<(Option<&[u8]>, &[u8])> = payloads.iter().map(|p| (None, p.as_slice())).collect();
+    writer.append(&records).expect("append")
+}
+
+fn read_all(spool: &Arc<Spool>, from: SpoolPos, upto: SpoolPos) -> ReadBatch {
+    spool.reader().read(from, upto, usize::MAX, usize::MAX).expect("read")
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn records_written_come_back_in_order_across_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, recovered) = Spool::open(config(dir.path())).expect("open");
+    assert_eq!(recovered, Recovered::default());
+    let data = payloads(40);
+    let positions = append_all(&mut writer, &data);
+    assert!(segment_files(dir.path()).len() > 3, "small segments roll");
+    let batch = read_all(&spool, positions[0], writer.end());
+    let read: Vec<_> = batch.records.iter().map(|r| r.payload.to_vec()).collect();
+    assert_eq!(read, data);
+    assert_eq!(batch.records.iter().map(|r| r.pos).collect::<Vec<_>>(), positions);
+    assert_eq!(batch.next, Some(writer.end()));
+}
+
+#[test]
+fn a_restart_finds_every_undelivered_record_and_sends_it_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = payloads(25);
+    {
+        let (_spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+        append_all(&mut writer, &data);
+        // No close: a crash.
+    }
+    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("reopen");
+    assert_eq!(recovered.records, 25);
+    let backlog = spool.backlog().expect("everything is backlog");
+    let batch = read_all(&spool, backlog, writer.end());
+    assert_eq!(batch.records.iter().map(|r| r.payload.to_vec()).collect::<Vec<_>>(), data);
+}
+
+#[test]
+fn a_segment_is_deleted_only_when_every_record_is_done_and_the_cursor_is_past_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    let first = positions[0].segment;
+    let in_first: Vec<_> = positions.iter().filter(|p| p.segment == first).copied().collect();
+    for pos in &in_first[..in_first.len() - 1] {
+        assert!(!spool.done(*pos));
+    }
+    assert_eq!(spool.delete_done(), 0, "one record of the first segment is not done");
+    assert!(spool.done(*in_first.last().expect("records")));
+    assert!(spool.delete_done() > 0);
+    assert!(!segment_path(dir.path(), first).exists());
+    // The active segment is never deleted, even when all its records are done.
+    let active = writer.end().segment;
+    for pos in positions.iter().filter(|p| p.segment == active) {
+        spool.done(*pos);
+    }
+    spool.delete_done();
+    assert!(segment_path(dir.path(), active).exists());
+}
+
+#[test]
+fn evicted_records_become_backlog_and_their_segment_waits_for_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    spool.evicted(&positions[..10]);
+    assert_eq!(spool.backlog(), Some(positions[0]));
+    for pos in &positions[10..] {
+        spool.done(*pos);
+    }
+    spool.delete_done();
+    assert!(segment_path(dir.path(), positions[0].segment).exists(), "evicted records are still owed");
+    let batch = read_all(&spool, positions[0], positions[10]);
+    assert_eq!(batch.records.len(), 10);
+    spool.held(batch.records.iter().map(|r| r.pos));
+    spool.set_backlog(None);
+    for record in &batch.records {
+        spool.done(record.pos);
+    }
+    spool.delete_done();
+    assert!(!segment_path(dir.path(), positions[0].segment).exists());
+}
+
+#[test]
+fn drop_oldest_deletes_the_oldest_segment_and_reports_its_disk_only_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    let first = positions[0].segment;
+    let in_first = positions.iter().filter(|p| p.segment == first).count() as u64;
+    // Two records of the first segment are in memory, one is done, the rest disk-only.
+    spool.evicted(&positions[3..in_first as usize]);
+    spool.done(positions[0]);
+    let before = spool.disk_bytes();
+    let dropped = spool.drop_oldest().expect("a sealed segment");
+    assert_eq!(dropped, DroppedSegment { segment: first, lost: in_first - 3 });
+    assert!(spool.disk_bytes() < before);
+    assert_eq!(spool.backlog(), Some(SpoolPos::start_of(first + 1)), "the cursor skips the dropped segment");
+}
+
+#[test]
+fn a_damaged_segment_is_quarantined_at_start_and_its_intact_records_are_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut config = config(dir.path());
+        config.segment_bytes = 1024 * 1024;
+        let (_spool, mut writer, _) = Spool::open(config).expect("open");
+        append_all(&mut writer, &payloads(10));
+        writer.close().expect("close");
+    }
+    let file = segment_files(dir.path()).remove(0);
+    let mut data = std::fs::read(&file).expect("read");
+    let report = segment::scan(&data);
+    data[report.frames[4].start + 12] ^= 0xFF; // flip bits inside record 4
+    std::fs::write(&file, &data).expect("write");
+
+    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives damage");
+    assert_eq!(recovered.records, 9);
+    assert_eq!(recovered.corrupt_regions, 1);
+    assert_eq!(recovered.quarantined.len(), 1);
+    assert_eq!(std::fs::read(&recovered.quarantined[0]).expect("quarantined copy"), data, "original kept as it was");
+    let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
+    let read: Vec<_> = batch.records.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
+    assert_eq!(read.len(), 9);
+    assert!(!read.contains(&"record number 0004".to_string()));
+    assert!(read.contains(&"record number 0005".to_string()));
+}
+
+#[test]
+fn a_file_that_is_not_a_segment_is_quarantined_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(segment_path(dir.path(), 3), b"garbage that is not a spool segment").expect("write");
+    let (_spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives");
+    assert_eq!(recovered.records, 0);
+    assert_eq!(recovered.corrupt_regions, 1);
+    assert_eq!(writer.end().segment, 4, "numbering continues after the damaged file");
+    assert!(!segment_path(dir.path(), 3).exists());
+}
+
+#[test]
+fn damage_found_while_reading_skips_the_rest_of_that_segment_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    spool.evicted(&positions);
+    let victim = positions[1];
+    let path = segment_path(dir.path(), victim.segment);
+    let mut data = std::fs::read(&path).expect("read");
+    data[victim.offset as usize + 10] ^= 0xFF;
+    std::fs::write(&path, &data).expect("write");
+    let batch = read_all(&spool, positions[0], writer.end());
+    assert_eq!(batch.corrupt_regions, 1);
+    let in_first = positions.iter().filter(|p| p.segment == victim.segment).count();
+    assert_eq!(batch.records.len(), 40 - (in_first - 1));
+}
+
+#[test]
+fn the_cap_is_measured_over_all_segment_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(dir.path());
+    config.max_bytes = 600;
+    let (spool, mut writer, _) = Spool::open(config).expect("open");
+    assert!(writer.fits(500));
+    append_all(&mut writer, &payloads(20));
+    assert!(spool.disk_bytes() > 500, "{}", spool.disk_bytes());
+    assert!(!writer.fits(200));
+}
