@@ -5,9 +5,11 @@
 //! pipeline logic of its own, or exit the process.
 //!
 //! Shutdown, in order: readiness goes false → the listener stops accepting and connections read
-//! what is already in their sockets → records left in the buffer keep shipping until Kafka has
-//! acknowledged all of them or `agent.drain_timeout` passes → the producer is flushed → whatever
-//! is still held is logged with its count and counted as `reason="drain_timeout"` → the admin
+//! what is already in their sockets → (disk) the spool writer writes what they accepted and seals
+//! its segment → records keep shipping until Kafka has acknowledged all of them or
+//! `agent.drain_timeout` passes → the producer is flushed → whatever is still unacknowledged is
+//! logged with its count: with a disk buffer it stays in the spool for the next start; with a
+//! memory buffer it is lost, logged at ERROR and counted as `reason="drain_timeout"` → the admin
 //! server stops.
 
 use std::sync::Arc;
@@ -18,11 +20,12 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, error, info, info_span};
+use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::admin::{AdminError, AdminServer, ReadinessCheck};
-use crate::buffer::Buffer;
-use crate::config::Config;
+use crate::buffer::spool::{Spool, SpoolWriter};
+use crate::buffer::{Buffer, spooler};
+use crate::config::{BufferKind, Config};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
 use crate::ingest::{IngestContext, IngestError, KeyRule, Listener};
 use crate::ship::{ShipError, Shipper};
@@ -47,12 +50,21 @@ pub enum AgentError {
     /// The Kafka producer.
     #[error(transparent)]
     Ship(#[from] ShipError),
+    /// The disk spool could not be opened.
+    #[error("cannot open the spool in {path}: {source}")]
+    Spool {
+        /// The spool directory.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 /// What the drain achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrainReport {
-    /// Records still not acknowledged by Kafka when the agent stopped.
+    /// Records still not acknowledged by Kafka when the agent stopped (for a disk buffer they
+    /// stay in the spool).
     pub undelivered: usize,
 }
 
@@ -64,12 +76,12 @@ pub async fn run(
 ) -> Result<DrainReport, AgentError> {
     telemetry::register_agent_series();
     let pod = PodMetadata::from_env();
-    let buffer = Buffer::new(&config.buffer);
+    let (buffer, spooler) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
     let admin = AdminServer::bind(&config.agent.admin_listen).await?;
     let listener = Listener::bind(&config.ingest)?;
     let envelopes = EnvelopeWriter::new(&pod);
-    info!(instance = envelopes.instance(), topic = %config.kafka.topic, "agent starting");
+    info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");
 
     let draining = Arc::new(AtomicBool::new(false));
     let abandon = CancellationToken::new();
@@ -78,6 +90,7 @@ pub async fn run(
         envelopes,
         max_record_size: usize::try_from(config.ingest.max_record_size.as_u64()).unwrap_or(usize::MAX),
         key: KeyRule::new(&config.ship, &pod),
+        ack_point: config.ack_point(),
         abandon: abandon.clone(),
     });
 
@@ -85,6 +98,12 @@ pub async fn run(
     let ready = readiness(&shipper, &draining);
     let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), background.clone()));
     let probe_task = tokio::spawn(probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone()));
+    let spooler_stop = CancellationToken::new();
+    let spooler_task = spooler.map(|writer| {
+        let task =
+            spooler::run(buffer.clone(), writer, config.buffer.when_full, config.spool().fsync, spooler_stop.clone());
+        tokio::spawn(task.instrument(info_span!("spool")))
+    });
     let ship_stop = CancellationToken::new();
     let ship_task = {
         let shipper = shipper.clone();
@@ -103,30 +122,67 @@ pub async fn run(
 
     let _ = listen_task.await;
     connections.close();
-    if tokio::time::timeout_at(deadline, connections.wait()).await.is_err() {
+    let connections_done = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
+    if !connections_done {
         // Readers still waiting for room give up their record, counted.
         abandon.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
     }
-    while buffer.held_records() > 0 && Instant::now() < deadline {
+    // The spool writer writes what the readers accepted, then seals its segment.
+    spooler_stop.cancel();
+    if let Some(task) = spooler_task {
+        let _ = task.await;
+    }
+    while undelivered(&buffer) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    abandon.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
     ship_stop.cancel();
     let _ = ship_task.await;
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
     shipper.flush(remaining).await;
 
-    let undelivered = buffer.held_records();
+    let undelivered = undelivered(&buffer);
     buffer.report();
-    if undelivered > 0 {
-        error!(undelivered, "records not acknowledged by kafka before the drain deadline are lost");
-        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(undelivered as u64);
-    } else {
-        info!("drained: every accepted record was acknowledged by kafka");
+    match (undelivered, buffer.spool().is_some()) {
+        (0, _) => info!("drained: every accepted record was acknowledged by kafka"),
+        (count, true) => {
+            warn!(undelivered = count, "records not yet acknowledged by kafka stay in the spool for the next start")
+        }
+        (count, false) => {
+            error!(undelivered = count, "records not acknowledged by kafka before the drain deadline are lost");
+            metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(count);
+        }
     }
     background.cancel();
     let _ = tokio::join!(admin_task, probe_task);
-    Ok(DrainReport { undelivered })
+    Ok(DrainReport { undelivered: undelivered as usize })
+}
+
+/// Records not yet acknowledged by Kafka: in memory, or (disk type) in the spool.
+fn undelivered(buffer: &Buffer) -> u64 {
+    match buffer.spool() {
+        Some(spool) => spool.undelivered() + buffer.queued_intake() as u64,
+        None => buffer.held_records() as u64,
+    }
+}
+
+/// The memory buffer, or for `buffer.type = "disk"` the spool (recovered from disk) with the
+/// buffer in front of it and the writer for the spooler task.
+async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), AgentError> {
+    if config.buffer.kind == BufferKind::Memory {
+        return Ok((Buffer::new(&config.buffer), None));
+    }
+    let spool_config = config.spool();
+    let dir = spool_config.dir.clone();
+    let (spool, writer, recovered) = tokio::task::spawn_blocking(move || Spool::open(spool_config))
+        .await
+        .map_err(|error| AgentError::Spool { path: dir.clone(), source: std::io::Error::other(error) })?
+        .map_err(|source| AgentError::Spool { path: dir.clone(), source })?;
+    metrics::counter!(telemetry::SPOOL_RECOVERED).increment(recovered.records);
+    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(recovered.corrupt_regions);
+    let buffer = Buffer::with_spool(&config.buffer, spool, writer.end());
+    Ok((buffer, Some(writer)))
 }
 
 fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {

@@ -1,34 +1,56 @@
-//! The bounded buffer between the socket readers and the Kafka producer.
+//! The buffer between the socket readers and the Kafka producer: memory in front, and for
+//! `buffer.type = "disk"` a spool on disk behind it.
 //!
-//! Owns: every record from the moment a reader accepts it until Kafka acknowledges it, the byte
-//! and record budget that bounds that span, and the full-buffer policy (`buffer.when_full`).
-//! A record's budget is held by its [`Lease`], which travels with the record into librdkafka
-//! and is released only when the delivery report says the record is stored (or it is counted as
-//! given up). So "held" includes librdkafka's queue, and librdkafka's own queue limits are
-//! derived from the same budget: there is no second, unbounded queue behind this one.
+//! Owns: every record from the moment a reader accepts it until Kafka acknowledges it; the
+//! memory budget (bytes and records) that bounds that span; the full-buffer policies
+//! (`when_full`, `block_timeout`); and, for the disk type, which records are only on disk (the
+//! backlog) and which are in memory too.
+//!
+//! A record's share of the memory budget is held by its [`Lease`], which travels with the record
+//! into librdkafka and is released only when the delivery report says the record is stored (or
+//! it is counted as given up). librdkafka's own queue limits are derived from the same budget,
+//! so there is no second, unbounded queue behind this one.
+//!
+//! With the disk type a record is written to the spool before it is sent (by the spool writer
+//! task, never by a reader), and stays there until Kafka acknowledges it. Under memory pressure
+//! the oldest spooled records are evicted from memory — they stay on disk as the backlog and are
+//! read back later. The shipper alternates between the backlog (oldest first) and the newest
+//! records in memory, so after an outage old and new records both move: the backlog drains at
+//! about half the producer's rate while fresh records keep arriving within seconds.
 //!
 //! Must not: grow without bound, lose a record without counting it, block a reader under a
-//! `drop_*` policy, or hold its lock across an `.await` (the lock is a `std::sync::Mutex`
-//! guarding a `VecDeque`; every critical section is a push or a pop).
+//! `drop_*` policy, do file I/O on a reader task, or hold its lock across an `.await` (it is a
+//! `std::sync::Mutex` guarding a few `VecDeque`s; every critical section is a push or a pop).
 //!
 //! Written by hand rather than taken from a crate because it is the product's core: the
-//! accounting (permits that outlive the queue entry) and the policies are what Sluice is for.
+//! accounting (permits that outlive the queue entry, segments deleted only when every record in
+//! them is acknowledged) and the policies are what Sluice is for.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
-use metrics::Counter;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{BufferConfig, WhenFull};
 use crate::telemetry;
 
+pub mod ack;
 pub mod segment;
 pub mod spool;
+pub mod spooler;
+
+use ack::{Ack, AckPoint};
+use spool::{Spool, SpoolPos};
 
 #[cfg(test)]
 mod tests;
+
+/// What a record costs in memory beyond its bytes: its queue entry, `Bytes` header, lease and
+/// librdkafka's message struct. Charged to the budget so that the budget bounds memory, not
+/// just payload bytes (measured: see `docs/PERFORMANCE.md`).
+pub const RECORD_OVERHEAD: usize = 320;
 
 /// A record between socket and Kafka acknowledgement.
 #[derive(Debug)]
@@ -41,36 +63,66 @@ pub struct Record {
     pub lease: Lease,
     /// How often Kafka has refused it so far (drives the shipper's backoff).
     pub retries: u32,
+    /// Where it is in the spool (disk type, once written).
+    pub pos: Option<SpoolPos>,
+    /// Its writer's claim to hear when it is safe (acknowledged mode).
+    pub ack: Option<Ack>,
 }
 
-/// A record's share of the buffer budget. Dropping it frees the room for new records, so it must
-/// be dropped exactly when the record is no longer sluice's responsibility: acknowledged by Kafka,
-/// or given up and counted.
+impl Record {
+    /// Settles the record's acknowledgement as refused, if it has one.
+    pub fn refuse(&mut self, reason: &'static str) {
+        if let Some(ack) = self.ack.take() {
+            ack.refused(reason);
+        }
+    }
+
+    /// Settles the record's acknowledgement as durable if its writer asked for `point`.
+    pub fn reached(&mut self, point: AckPoint) {
+        if self.ack.as_ref().is_some_and(|ack| ack.point() == point)
+            && let Some(ack) = self.ack.take()
+        {
+            ack.durable();
+        }
+    }
+}
+
+/// A record's share of the memory budget. Dropping it frees the room for new records, so it must
+/// be dropped exactly when the record is no longer held in memory: acknowledged by Kafka, given
+/// up and counted, or (disk type) evicted to the spool.
 #[derive(Debug)]
 pub struct Lease {
-    _bytes: OwnedSemaphorePermit,
-    _records: OwnedSemaphorePermit,
+    bytes: OwnedSemaphorePermit,
+    records: OwnedSemaphorePermit,
 }
 
-/// Why a record was not accepted into the buffer.
+impl Lease {
+    /// Takes `cost` bytes and one record out of this (larger) lease.
+    fn split(&mut self, cost: usize) -> Option<Lease> {
+        let bytes = self.bytes.split(cost)?;
+        match self.records.split(1) {
+            Some(records) => Some(Lease { bytes, records }),
+            None => {
+                self.bytes.merge(bytes);
+                None
+            }
+        }
+    }
+}
+
+/// Why a record was not accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Dropped {
-    /// The buffer was full and `when_full` said to drop the new record.
-    #[error("buffer full; record dropped by policy {}", .0.as_str())]
-    Full(WhenFull),
+    /// The buffer was full and the policy said to drop.
+    #[error("buffer full; record dropped ({})", .0)]
+    Full(&'static str),
 }
 
-/// Records waiting for the producer: those Kafka refused once (retry) go before new ones.
-#[derive(Default)]
-struct Queues {
-    retry: VecDeque<Record>,
-    fresh: VecDeque<Record>,
-}
-
-impl Queues {
-    fn len(&self) -> usize {
-        self.retry.len() + self.fresh.len()
-    }
+/// Per-connection admission state for `block_timeout`: once a writer has been held for the
+/// whole timeout, its records are dropped at once until the buffer has room again.
+#[derive(Debug, Default)]
+pub struct Admission {
+    shedding: bool,
 }
 
 /// Cheap to clone; all clones share one buffer.
@@ -79,97 +131,304 @@ pub struct Buffer {
     shared: Arc<Shared>,
 }
 
+/// Records waiting in memory.
+#[derive(Default)]
+struct Queues {
+    /// Disk type: accepted, waiting for the spool writer.
+    intake: VecDeque<Record>,
+    /// Refused by Kafka once; sent before fresh records, in the order the failures came.
+    retry: VecDeque<Record>,
+    /// Waiting for the producer, oldest first. Disk type: already spooled (`pos` set).
+    fresh: VecDeque<Record>,
+    /// Disk type: the position after the last record moved into `fresh`. With `fresh` empty,
+    /// the backlog ends here.
+    written_end: Option<SpoolPos>,
+}
+
 struct Shared {
-    /// Records waiting to be handed to the producer.
-    queue: Mutex<Queues>,
-    /// Signalled when the queue gains a record. One consumer (the shipper) waits on it.
+    queues: Mutex<Queues>,
+    /// Signalled when the shipper has work (a record, or a backlog to read).
     ready: Notify,
+    /// Signalled when the intake gains a record (disk type). One consumer: the spool writer.
+    intake_ready: Notify,
     bytes: Arc<Semaphore>,
     records: Arc<Semaphore>,
     max_bytes: usize,
     max_records: usize,
     when_full: WhenFull,
-    dropped: Counter,
+    block_timeout: Option<Duration>,
+    spool: Option<Arc<Spool>>,
 }
 
 impl Buffer {
-    /// An empty buffer sized from `config`.
+    /// A memory-only buffer sized from `config`.
     pub fn new(config: &BufferConfig) -> Self {
+        Self::build(config, None)
+    }
+
+    /// A buffer in front of `spool` (disk type). The spool's backlog is sent first.
+    pub fn with_spool(config: &BufferConfig, spool: Arc<Spool>, written_end: SpoolPos) -> Self {
+        let buffer = Self::build(config, Some(spool));
+        buffer.lock().written_end = Some(written_end);
+        buffer
+    }
+
+    fn build(config: &BufferConfig, spool: Option<Arc<Spool>>) -> Self {
         let max_bytes = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
         let max_records = config.max_records as usize;
         metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(max_bytes as f64);
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(max_records as f64);
+        for reason in ["drop_newest", "drop_oldest", "block_timeout", "corrupt"] {
+            metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => reason).increment(0);
+        }
         Self {
             shared: Arc::new(Shared {
-                queue: Mutex::new(Queues::default()),
+                queues: Mutex::new(Queues::default()),
                 ready: Notify::new(),
+                intake_ready: Notify::new(),
                 bytes: Arc::new(Semaphore::new(max_bytes)),
                 records: Arc::new(Semaphore::new(max_records)),
                 max_bytes,
                 max_records,
                 when_full: config.when_full,
-                dropped: metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => config.when_full.as_str()),
+                block_timeout: config.block_timeout,
+                spool,
             }),
         }
     }
 
-    /// What one record costs in the byte budget.
-    fn cost(&self, payload: &Bytes, key: &Option<Bytes>) -> u32 {
-        let bytes = payload.len() + key.as_ref().map_or(0, Bytes::len);
-        // Config validation keeps records far below the budget; clamp so an oversized record
-        // can still be admitted alone instead of waiting forever.
-        bytes.clamp(1, self.shared.max_bytes) as u32
+    /// The spool, for the disk type.
+    pub fn spool(&self) -> Option<&Arc<Spool>> {
+        self.shared.spool.as_ref()
     }
 
-    /// Accepts a record, applying `when_full` if there is no room. Under `block` this waits
-    /// for room (the caller's socket is not read meanwhile: backpressure); under `drop_newest`
-    /// it never waits.
-    pub async fn push(&self, payload: Bytes, key: Option<Bytes>) -> Result<(), Dropped> {
-        let cost = self.cost(&payload, &key);
-        let lease = match self.shared.when_full {
-            WhenFull::Block => {
-                // The semaphores are never closed, so acquire cannot fail.
-                let records =
-                    self.shared.records.clone().acquire_owned().await.expect("buffer semaphore is never closed");
-                let bytes =
-                    self.shared.bytes.clone().acquire_many_owned(cost).await.expect("buffer semaphore is never closed");
-                Lease { _bytes: bytes, _records: records }
-            }
-            WhenFull::DropNewest => match self.try_lease(cost) {
-                Some(lease) => lease,
-                None => {
-                    self.shared.dropped.increment(1);
-                    return Err(Dropped::Full(WhenFull::DropNewest));
+    /// What one record costs in the byte budget.
+    pub fn cost(&self, payload_len: usize, key_len: usize) -> usize {
+        // Config validation keeps records far below the budget; clamp so an oversized record
+        // can still be admitted alone instead of waiting forever.
+        (payload_len + key_len + RECORD_OVERHEAD).clamp(1, self.shared.max_bytes)
+    }
+
+    /// Accepts a record, applying `when_full` if there is no room. Under `block` this waits for
+    /// room (the caller's socket is not read meanwhile: backpressure) for at most
+    /// `block_timeout`; under `drop_*` it never waits. A refused record's ack is settled here.
+    pub async fn push(
+        &self,
+        payload: Bytes,
+        key: Option<Bytes>,
+        mut ack: Option<Ack>,
+        admission: &mut Admission,
+    ) -> Result<(), Dropped> {
+        let cost = self.cost(payload.len(), key.as_ref().map_or(0, Bytes::len));
+        let lease = match self.admit(cost, admission).await {
+            Ok(lease) => lease,
+            Err(reason) => {
+                metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => reason).increment(1);
+                if let Some(ack) = ack.take() {
+                    ack.refused(reason);
                 }
-            },
+                return Err(Dropped::Full(reason));
+            }
         };
-        self.lock().fresh.push_back(Record { payload, key, lease, retries: 0 });
-        self.shared.ready.notify_one();
+        let record = Record { payload, key, lease, retries: 0, pos: None, ack };
+        if self.shared.spool.is_some() {
+            self.lock().intake.push_back(record);
+            self.shared.intake_ready.notify_one();
+        } else {
+            self.lock().fresh.push_back(record);
+            self.shared.ready.notify_one();
+        }
         Ok(())
     }
 
-    fn try_lease(&self, cost: u32) -> Option<Lease> {
-        let records = self.shared.records.clone().try_acquire_owned().ok()?;
-        let bytes = self.shared.bytes.clone().try_acquire_many_owned(cost).ok()?;
-        Some(Lease { _bytes: bytes, _records: records })
+    async fn admit(&self, cost: usize, admission: &mut Admission) -> Result<Lease, &'static str> {
+        if let Some(lease) = self.try_lease(cost) {
+            admission.shedding = false;
+            return Ok(lease);
+        }
+        // Make room where the policy allows it without losing anything (disk: records already
+        // spooled leave memory) or by dropping the oldest (drop_oldest).
+        if self.evict(cost) > 0
+            && let Some(lease) = self.try_lease(cost)
+        {
+            admission.shedding = false;
+            return Ok(lease);
+        }
+        match self.shared.when_full {
+            WhenFull::DropNewest => Err("drop_newest"),
+            WhenFull::DropOldest => Err("drop_oldest"),
+            WhenFull::Block if admission.shedding => Err("block_timeout"),
+            WhenFull::Block => {
+                let wait = self.lease(cost);
+                let lease = match self.shared.block_timeout {
+                    None => Some(wait.await),
+                    Some(limit) => tokio::time::timeout(limit, wait).await.ok(),
+                };
+                match lease {
+                    Some(lease) => Ok(lease),
+                    None => {
+                        admission.shedding = true;
+                        Err("block_timeout")
+                    }
+                }
+            }
+        }
     }
 
-    /// Moves up to `max` waiting records into `out`, waiting until there is at least one.
-    /// Cancel-safe: records are moved only once the wait is over.
-    pub async fn pop_batch(&self, max: usize, out: &mut Vec<Record>) {
+    fn try_lease(&self, cost: usize) -> Option<Lease> {
+        let records = self.shared.records.clone().try_acquire_owned().ok()?;
+        let bytes = self.shared.bytes.clone().try_acquire_many_owned(cost as u32).ok()?;
+        Some(Lease { bytes, records })
+    }
+
+    /// Waits for room. The semaphores are fair (first come, first served), so one flooding
+    /// connection cannot starve a quiet one: each waits its turn for the next free room.
+    async fn lease(&self, cost: usize) -> Lease {
+        // The semaphores are never closed, so acquire cannot fail.
+        let records = self.shared.records.clone().acquire_owned().await.expect("buffer semaphore is never closed");
+        let bytes =
+            self.shared.bytes.clone().acquire_many_owned(cost as u32).await.expect("buffer semaphore is never closed");
+        Lease { bytes, records }
+    }
+
+    /// Frees at least `cost` bytes of memory if the policy allows, oldest fresh records first:
+    /// for the disk type they stay on disk (nothing lost); for `drop_oldest` they are dropped and
+    /// counted. Returns how many records left memory.
+    fn evict(&self, cost: usize) -> usize {
+        let disk = self.shared.spool.is_some();
+        if !disk && self.shared.when_full != WhenFull::DropOldest {
+            return 0;
+        }
+        let mut evicted = Vec::new();
+        {
+            let mut queues = self.lock();
+            let needed = cost.saturating_sub(self.shared.bytes.available_permits()).max(1);
+            let mut freed = 0;
+            while freed < needed || self.shared.records.available_permits() + evicted.len() == 0 {
+                let Some(record) = queues.fresh.pop_front() else { break };
+                freed += record.lease.bytes.num_permits();
+                evicted.push(record);
+            }
+        }
+        if evicted.is_empty() {
+            return 0;
+        }
+        let count = evicted.len();
+        match &self.shared.spool {
+            Some(spool) => {
+                // Spooled records: memory is freed, the record stays owed on disk.
+                spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
+                self.shared.ready.notify_one();
+            }
+            None => {
+                metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
+                    .increment(count as u64);
+                for mut record in evicted {
+                    record.refuse("drop_oldest");
+                }
+            }
+        }
+        count
+    }
+
+    /// The spool writer's side: waits for accepted records and moves up to `max` into `out`.
+    pub async fn pop_intake(&self, max: usize, out: &mut Vec<Record>) {
         loop {
-            let notified = self.shared.ready.notified();
+            let notified = self.shared.intake_ready.notified();
             {
                 let mut queues = self.lock();
-                if queues.len() > 0 {
-                    let from_retry = queues.retry.len().min(max);
-                    out.extend(queues.retry.drain(..from_retry));
-                    let from_fresh = queues.fresh.len().min(max - from_retry);
-                    out.extend(queues.fresh.drain(..from_fresh));
+                if !queues.intake.is_empty() {
+                    let take = queues.intake.len().min(max);
+                    out.extend(queues.intake.drain(..take));
                     return;
                 }
             }
             notified.await;
+        }
+    }
+
+    /// Like [`Buffer::pop_intake`] without waiting (draining at shutdown).
+    pub fn pop_intake_now(&self, max: usize, out: &mut Vec<Record>) {
+        let mut queues = self.lock();
+        let take = queues.intake.len().min(max);
+        out.extend(queues.intake.drain(..take));
+    }
+
+    /// Records just written to the spool, with their positions set, join the fresh queue;
+    /// `end` is the spool position after them.
+    pub fn spooled(&self, records: impl IntoIterator<Item = Record>, end: SpoolPos) {
+        let mut queues = self.lock();
+        queues.fresh.extend(records);
+        queues.written_end = Some(end);
+        drop(queues);
+        self.shared.ready.notify_one();
+    }
+
+    /// Where the backlog (disk-only records) ends right now: at the first record in memory, or
+    /// at the end of what was written.
+    fn backlog_end(queues: &Queues) -> Option<SpoolPos> {
+        queues.fresh.front().and_then(|record| record.pos).or(queues.written_end)
+    }
+
+    /// What the shipper should do next. Waits until there is something.
+    pub async fn next_work(&self, prefer_backlog: bool) -> Work {
+        loop {
+            let notified = self.shared.ready.notified();
+            if let Some(work) = self.poll_work(prefer_backlog) {
+                return work;
+            }
+            notified.await;
+        }
+    }
+
+    fn poll_work(&self, prefer_backlog: bool) -> Option<Work> {
+        let queues = self.lock();
+        let memory = !queues.retry.is_empty() || !queues.fresh.is_empty();
+        let backlog = match (&self.shared.spool, Self::backlog_end(&queues)) {
+            (Some(spool), Some(end)) => spool.backlog().filter(|from| *from < end).map(|from| (from, end)),
+            _ => None,
+        };
+        match (memory, backlog) {
+            (true, Some((from, upto))) if prefer_backlog => Some(Work::Backlog { from, upto }),
+            (true, _) => Some(Work::Memory),
+            (false, Some((from, upto))) => Some(Work::Backlog { from, upto }),
+            (false, None) => None,
+        }
+    }
+
+    /// Moves up to `max` records waiting in memory into `out`: retried ones first.
+    pub fn pop_batch(&self, max: usize, out: &mut Vec<Record>) {
+        let mut queues = self.lock();
+        let from_retry = queues.retry.len().min(max);
+        out.extend(queues.retry.drain(..from_retry));
+        let from_fresh = queues.fresh.len().min(max - from_retry);
+        out.extend(queues.fresh.drain(..from_fresh));
+    }
+
+    /// The backlog reader got as far as `next`: the cursor moves there, or is cleared when it
+    /// caught up with the records in memory.
+    pub fn backlog_read_to(&self, next: SpoolPos) {
+        let queues = self.lock();
+        if let Some(spool) = &self.shared.spool {
+            let caught_up = Self::backlog_end(&queues).is_none_or(|end| next >= end);
+            spool.set_backlog(if caught_up { None } else { Some(next) });
+        }
+    }
+
+    /// Memory for reading up to `bytes` of backlog; waits for room (the shipper may wait).
+    pub async fn backlog_lease(&self, bytes: usize, records: usize) -> Lease {
+        let bytes = bytes.clamp(1, self.shared.max_bytes) as u32;
+        let records = records.clamp(1, self.shared.max_records) as u32;
+        let records = self.shared.records.clone().acquire_many_owned(records).await.expect("never closed");
+        let bytes = self.shared.bytes.clone().acquire_many_owned(bytes).await.expect("never closed");
+        Lease { bytes, records }
+    }
+
+    /// Cuts one record's lease out of a backlog lease, waiting for more room if it is used up.
+    pub async fn split_lease(&self, chunk: &mut Lease, cost: usize) -> Lease {
+        match chunk.split(cost) {
+            Some(lease) => lease,
+            None => self.lease(cost).await,
         }
     }
 
@@ -181,19 +440,30 @@ impl Buffer {
         self.shared.ready.notify_one();
     }
 
-    /// Records held: queued here or in flight to Kafka.
+    /// Wakes the shipper (the backlog changed outside the buffer's knowledge).
+    pub fn wake_shipper(&self) {
+        self.shared.ready.notify_one();
+    }
+
+    /// Records held in memory: queued here or in flight to Kafka.
     pub fn held_records(&self) -> usize {
         self.shared.max_records - self.shared.records.available_permits()
     }
 
-    /// Bytes held: queued here or in flight to Kafka.
+    /// Bytes held in memory (with per-record overhead): queued here or in flight to Kafka.
     pub fn held_bytes(&self) -> usize {
         self.shared.max_bytes - self.shared.bytes.available_permits()
     }
 
-    /// Records waiting to be handed to the producer.
+    /// Records accepted but not yet written to the spool (disk type).
+    pub fn queued_intake(&self) -> usize {
+        self.lock().intake.len()
+    }
+
+    /// Records waiting in memory for the spool or the producer.
     pub fn queued_records(&self) -> usize {
-        self.lock().len()
+        let queues = self.lock();
+        queues.intake.len() + queues.retry.len() + queues.fresh.len()
     }
 
     /// Byte capacity.
@@ -210,11 +480,30 @@ impl Buffer {
     pub fn report(&self) {
         metrics::gauge!(telemetry::BUFFER_RECORDS).set(self.held_records() as f64);
         metrics::gauge!(telemetry::BUFFER_BYTES).set(self.held_bytes() as f64);
+        if let Some(spool) = &self.shared.spool {
+            metrics::gauge!(telemetry::SPOOL_BYTES).set(spool.disk_bytes() as f64);
+            metrics::gauge!(telemetry::SPOOL_CAPACITY_BYTES).set(spool.max_bytes() as f64);
+            metrics::gauge!(telemetry::SPOOL_RECORDS).set(spool.undelivered() as f64);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Queues> {
         // A panic while holding this lock can only come from VecDeque itself (allocation
         // failure aborts); recover the data rather than poison every later caller.
-        self.shared.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared.queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The shipper's next job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Records are waiting in memory: [`Buffer::pop_batch`].
+    Memory,
+    /// Disk-only records wait in the spool from `from` up to (not including) `upto`.
+    Backlog {
+        /// The first disk-only record.
+        from: SpoolPos,
+        /// Where the backlog ends.
+        upto: SpoolPos,
+    },
 }

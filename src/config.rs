@@ -150,6 +150,21 @@ pub struct IngestConfig {
     /// Longest accepted record (one line, without its newline). A longer one is discarded up to
     /// its newline and counted with `reason="too_large"`. Default `1 MiB`.
     pub max_record_size: ByteSize,
+    /// When writers in acknowledged mode hear that a record is safe: `"spooled"` (written to
+    /// the disk spool and synced per `buffer.fsync`; needs `buffer.type = "disk"`) or
+    /// `"delivered"` (acknowledged by Kafka). Default: `"spooled"` with a disk buffer,
+    /// `"delivered"` with a memory buffer.
+    pub ack_point: Option<AckPointConfig>,
+}
+
+/// `ingest.ack_point`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AckPointConfig {
+    /// In the disk spool.
+    Spooled,
+    /// Acknowledged by Kafka.
+    Delivered,
 }
 
 impl Default for IngestConfig {
@@ -158,6 +173,7 @@ impl Default for IngestConfig {
             socket: PathBuf::from("/run/sluice/sluice.sock"),
             socket_mode: "0660".into(),
             max_record_size: ByteSize::mib(1),
+            ack_point: None,
         }
     }
 }
@@ -178,18 +194,123 @@ fn parse_mode(text: &str) -> Option<u32> {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BufferConfig {
-    /// Most bytes of records held between the socket and a Kafka acknowledgement (this includes
-    /// what sits in librdkafka's queue, whose limit is derived from it). Default `64 MiB`.
+    /// `"memory"`: records live in memory until Kafka acknowledges them (lost if the agent is
+    /// killed). `"disk"`: every record is also written to a spool on disk and sent again after a
+    /// restart until Kafka acknowledges it. Default `"memory"`.
+    #[serde(rename = "type")]
+    pub kind: BufferKind,
+    /// Memory budget for records between the socket and a Kafka acknowledgement: queued, in
+    /// librdkafka's queue, and read back from the spool. Each record is charged its size plus
+    /// [`crate::buffer::RECORD_OVERHEAD`]. Default `64 MiB`.
     pub max_bytes: ByteSize,
-    /// Most records held, for the same span. Default `200000`.
+    /// Most records held in memory, for the same span. Default `200000`.
     pub max_records: u32,
-    /// What a full buffer does to a writer. Default `"block"`.
+    /// What a full buffer does to a new record (for `"disk"`: a full spool, `max_disk_bytes`).
+    /// Default `"block"`, bounded by `block_timeout`.
     pub when_full: WhenFull,
+    /// Under `when_full = "block"`: how long a writer may be held before its record is dropped
+    /// and counted (`reason="block_timeout"`). After that the connection's new records are
+    /// dropped at once while the buffer stays full, so a stalled Kafka holds an app at most this
+    /// long per episode, not per record. `"forever"` blocks as long as it takes. Default `1s`.
+    #[serde(with = "block_timeout_serde")]
+    pub block_timeout: Option<Duration>,
+    /// `"disk"`: the spool directory (created). Default `"/var/lib/sluice/spool"`.
+    pub path: PathBuf,
+    /// `"disk"`: cap on the spool's files. At least 1 MiB. Default `256 MiB`.
+    pub max_disk_bytes: ByteSize,
+    /// `"disk"`: when writes are forced to stable storage: `"never"` (the OS decides; survives
+    /// a crash of sluice, not of the machine), `"always"` (before a record counts as spooled; one
+    /// fsync covers every record written meanwhile), or an interval such as `"10ms"`.
+    /// Default `"100ms"`.
+    pub fsync: FsyncPolicy,
 }
 
 impl Default for BufferConfig {
     fn default() -> Self {
-        Self { max_bytes: ByteSize::mib(64), max_records: 200_000, when_full: WhenFull::Block }
+        Self {
+            kind: BufferKind::Memory,
+            max_bytes: ByteSize::mib(64),
+            max_records: 200_000,
+            when_full: WhenFull::Block,
+            block_timeout: Some(Duration::from_secs(1)),
+            path: PathBuf::from("/var/lib/sluice/spool"),
+            max_disk_bytes: ByteSize::mib(256),
+            fsync: FsyncPolicy::Interval(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Where buffered records live.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferKind {
+    /// Memory only.
+    Memory,
+    /// Memory in front of a disk spool.
+    Disk,
+}
+
+/// `buffer.fsync`: `"never"`, `"always"`, or an interval like `"10ms"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Never force writes.
+    Never,
+    /// Force at most this long after a write.
+    Interval(Duration),
+    /// Force before a record counts as spooled (group commit).
+    Always,
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::Never => f.write_str("never"),
+            FsyncPolicy::Always => f.write_str("always"),
+            FsyncPolicy::Interval(every) => write!(f, "{}", humantime::format_duration(*every)),
+        }
+    }
+}
+
+impl Serialize for FsyncPolicy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FsyncPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "never" => Ok(FsyncPolicy::Never),
+            "always" => Ok(FsyncPolicy::Always),
+            interval => humantime::parse_duration(interval).map(FsyncPolicy::Interval).map_err(|_| {
+                serde::de::Error::custom(format!("`{text}` is not \"never\", \"always\" or an interval like \"10ms\""))
+            }),
+        }
+    }
+}
+
+/// `block_timeout`: a duration, or `"forever"` for no limit.
+mod block_timeout_serde {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => serializer.collect_str(&humantime::format_duration(*duration)),
+            None => serializer.serialize_str("forever"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text == "forever" {
+            return Ok(None);
+        }
+        humantime::parse_duration(&text)
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("`{text}` is not a duration like \"1s\" or \"forever\"")))
     }
 }
 
@@ -199,11 +320,14 @@ impl Default for BufferConfig {
 #[serde(rename_all = "snake_case")]
 pub enum WhenFull {
     /// The connection's reader waits for room: it stops reading, the kernel socket buffer fills
-    /// and the writer's `write()` blocks (or returns `EAGAIN` when non-blocking). Nothing is
-    /// dropped; the app feels Kafka's pace.
+    /// and the writer's `write()` blocks (or returns `EAGAIN` when non-blocking) — for at most
+    /// `block_timeout`, then records are dropped with `reason="block_timeout"`.
     Block,
     /// The new record is discarded and counted (`reason="drop_newest"`); reading never stops.
     DropNewest,
+    /// The oldest records not yet handed to Kafka are discarded to make room and counted
+    /// (`reason="drop_oldest"`); for `"disk"`, the oldest spool segment. Reading never stops.
+    DropOldest,
 }
 
 impl WhenFull {
@@ -212,6 +336,7 @@ impl WhenFull {
         match self {
             WhenFull::Block => "block",
             WhenFull::DropNewest => "drop_newest",
+            WhenFull::DropOldest => "drop_oldest",
         }
     }
 }
@@ -354,11 +479,43 @@ const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("enable.auto.offset.store", "(managed by the persister)"),
 ];
 
+/// Smallest spool accepted: a few segments.
+pub const MIN_DISK_BYTES: u64 = 1024 * 1024;
+
 /// Smallest buffer accepted: a sidecar may get only tens of MiB, but below this the buffer
 /// cannot hold even a few maximum-size records.
 pub const MIN_BUFFER_BYTES: u64 = 64 * 1024;
 
 impl Config {
+    /// The effective `ingest.ack_point`.
+    pub fn ack_point(&self) -> crate::buffer::ack::AckPoint {
+        use crate::buffer::ack::AckPoint;
+        match (self.ingest.ack_point, self.buffer.kind) {
+            (Some(AckPointConfig::Delivered), _) | (None, BufferKind::Memory) => AckPoint::Delivered,
+            (Some(AckPointConfig::Spooled), _) | (None, BufferKind::Disk) => AckPoint::Spooled,
+        }
+    }
+
+    /// Spool settings for `buffer.type = "disk"`.
+    pub fn spool(&self) -> crate::buffer::spool::SpoolConfig {
+        use crate::buffer::spool::{Fsync, SpoolConfig};
+        let max_bytes = self.buffer.max_disk_bytes.as_u64();
+        let record = usize::try_from(self.ingest.max_record_size.as_u64()).unwrap_or(usize::MAX);
+        SpoolConfig {
+            dir: self.buffer.path.clone(),
+            max_bytes,
+            // Several segments fit under the cap, so delivered ones can be freed while others fill.
+            segment_bytes: (max_bytes / 8).clamp(64 * 1024, 16 * 1024 * 1024),
+            fsync: match self.buffer.fsync {
+                FsyncPolicy::Never => Fsync::Never,
+                FsyncPolicy::Always => Fsync::Always,
+                FsyncPolicy::Interval(every) => Fsync::Interval(every),
+            },
+            // JSON-escaping a text line can grow it up to six times; the envelope adds a little.
+            max_body: record.saturating_mul(6).saturating_add(64 * 1024),
+        }
+    }
+
     /// Reads `path`, applies `SLUICE_*__*` environment overrides, validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
@@ -443,6 +600,31 @@ impl Config {
         // librdkafka's queue is sized from the buffer and caps at 2097151 KiB / 10M messages.
         if buffer > 2 * 1024 * 1024 * 1024 - 1024 {
             return Err(invalid("buffer.max_bytes", "must be below 2 GiB (librdkafka's queue limit)".into()));
+        }
+        if self.buffer.kind == BufferKind::Disk {
+            if self.buffer.max_disk_bytes.as_u64() < MIN_DISK_BYTES {
+                return Err(invalid("buffer.max_disk_bytes", format!("must be at least {}", ByteSize(MIN_DISK_BYTES))));
+            }
+            if self.buffer.max_disk_bytes.as_u64() < record.saturating_mul(8) {
+                return Err(invalid(
+                    "buffer.max_disk_bytes",
+                    format!("must be at least 8 x ingest.max_record_size ({})", ByteSize(record * 8)),
+                ));
+            }
+            if self.buffer.path.as_os_str().is_empty() {
+                return Err(invalid("buffer.path", "must be a directory path".into()));
+            }
+        }
+        if self.ingest.ack_point == Some(AckPointConfig::Spooled) && self.buffer.kind != BufferKind::Disk {
+            return Err(invalid("ingest.ack_point", "\"spooled\" needs buffer.type = \"disk\"".into()));
+        }
+        if let FsyncPolicy::Interval(every) = self.buffer.fsync
+            && (every.is_zero() || every > Duration::from_secs(60))
+        {
+            return Err(invalid("buffer.fsync", "an interval must be between 1ms and 60s".into()));
+        }
+        if self.buffer.block_timeout.is_some_and(|timeout| timeout.is_zero()) {
+            return Err(invalid("buffer.block_timeout", "must be greater than zero (or \"forever\")".into()));
         }
         if self.buffer.max_records == 0 || self.buffer.max_records > 10_000_000 {
             return Err(invalid("buffer.max_records", "must be between 1 and 10000000".into()));

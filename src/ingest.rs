@@ -68,6 +68,8 @@ pub struct IngestContext {
     pub max_record_size: usize,
     /// How the Kafka key is chosen.
     pub key: KeyRule,
+    /// When acknowledged-mode writers hear that a record is safe.
+    pub ack_point: crate::buffer::ack::AckPoint,
     /// Cancelled when the drain deadline passes: a reader still waiting for buffer room gives
     /// up its record (counted as `reason="drain_timeout"`) instead of waiting forever.
     pub abandon: CancellationToken,

@@ -6,13 +6,19 @@
 //! buffer, lease kept), or given up (counted with a reason). [`classify`] is the one place that
 //! decides retryable versus not.
 //!
+//! The shipper takes work from the buffer in two lanes — records in memory (retried ones first)
+//! and, for a disk buffer, the backlog read back from the spool — and alternates between them.
+//! A producer that reports a fatal error (the idempotent producer's sequence state is lost) is
+//! replaced by a new one; dropping the old one purges its queue, and the purged records come back
+//! through their delivery reports as retryable, so none is lost.
+//!
 //! Must not: treat "handed to librdkafka" as delivered, drop a record because of time alone
 //! (a `message.timeout.ms` expiry is retried), or call a librdkafka function that can block from
 //! a reader task (`send` never blocks: librdkafka's queue cannot fill before the buffer does;
-//! `flush` and metadata requests run on the blocking pool).
+//! `flush`, metadata requests, producer teardown and spool reads run on the blocking pool).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,8 +31,10 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::buffer::{Buffer, Lease, Record};
-use crate::config::Config;
+use crate::buffer::ack::{Ack, AckPoint};
+use crate::buffer::spool::{SpoolPos, SpoolReader};
+use crate::buffer::{Buffer, Lease, Record, Work};
+use crate::config::{BufferKind, Config};
 use crate::telemetry;
 
 #[cfg(test)]
@@ -66,6 +74,15 @@ pub fn classify(error: &KafkaError) -> Disposition {
     }
 }
 
+/// The reason given to a writer whose record Kafka will never accept.
+fn give_up_reason(error: &KafkaError) -> &'static str {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => "message_size_too_large",
+        Some(RDKafkaErrorCode::InvalidRecord) => "invalid_record",
+        _ => "kafka_refused",
+    }
+}
+
 /// The metric label for an error: librdkafka's error name in snake case (a fixed set).
 pub fn reason(error: &KafkaError) -> String {
     match error.rdkafka_error_code() {
@@ -97,7 +114,10 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     }
     // librdkafka's queue holds a subset of the buffer's records (each keeps its lease while
     // there), so sizing it from the same budget means it can never be the one that is full.
-    let kbytes = buffer.max_bytes().div_ceil(1024) + 1;
+    // With a disk buffer it gets half, so that spooled records can always be evicted to make
+    // room for new ones while the other half waits at Kafka.
+    let share = if config.buffer.kind == BufferKind::Disk { 2 } else { 1 };
+    let kbytes = (buffer.max_bytes() / share).div_ceil(1024) + 1;
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-agent")
@@ -108,7 +128,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("batch.size", config.ship.batch_size.as_u64().to_string())
         .set("message.timeout.ms", config.ship.delivery_timeout.as_millis().to_string())
         .set("queue.buffering.max.kbytes", kbytes.to_string())
-        .set("queue.buffering.max.messages", (buffer.max_records() + 1).to_string());
+        .set("queue.buffering.max.messages", (buffer.max_records() / share + 1).to_string());
     client
 }
 
@@ -118,12 +138,15 @@ pub struct ShipContext {
     delivered: Counter,
     delivered_bytes: Counter,
     retried: Counter,
+    /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
+    fatal: Arc<AtomicBool>,
 }
 
 impl ClientContext for ShipContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
-            error!(%error, reason, "kafka producer reported a fatal error");
+            error!(%error, reason, "kafka producer reported a fatal error; it will be replaced");
+            self.fatal.store(true, Ordering::Relaxed);
         } else {
             warn!(%error, reason, "kafka client error");
         }
@@ -134,6 +157,31 @@ impl ClientContext for ShipContext {
 pub struct InFlight {
     lease: Lease,
     retries: u32,
+    pos: Option<SpoolPos>,
+    ack: Option<Ack>,
+}
+
+impl ShipContext {
+    /// The record is stored in Kafka, or given up for good: release it everywhere.
+    fn settle(&self, in_flight: InFlight, refused: Option<&'static str>) {
+        let InFlight { lease, pos, mut ack, .. } = in_flight;
+        if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
+            let (deletable, parked) = spool.done(pos);
+            ack = ack.or(parked);
+            if deletable {
+                // This is librdkafka's polling thread, not a runtime worker: a file delete is fine.
+                spool.delete_done();
+            }
+        }
+        if let Some(ack) = ack {
+            match refused {
+                None if ack.point() == AckPoint::Delivered => ack.durable(),
+                None => {} // a `spooled` ack was settled when the record was written
+                Some(reason) => ack.refused(reason),
+            }
+        }
+        drop(lease);
+    }
 }
 
 impl ProducerContext for ShipContext {
@@ -145,7 +193,7 @@ impl ProducerContext for ShipContext {
             Ok(message) => {
                 self.delivered.increment(1);
                 self.delivered_bytes.increment(message.payload_len() as u64);
-                drop(in_flight);
+                self.settle(*in_flight, None);
             }
             Err((error, message)) => {
                 let reason = reason(error);
@@ -155,17 +203,20 @@ impl ProducerContext for ShipContext {
                         // librdkafka hands back the payload, so the buffer need not keep a copy
                         // of records in flight.
                         self.retried.increment(1);
+                        let InFlight { lease, retries, pos, ack } = *in_flight;
                         self.buffer.requeue(Record {
                             payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
                             key: message.key().map(Bytes::copy_from_slice),
-                            lease: in_flight.lease,
-                            retries: in_flight.retries.saturating_add(1),
+                            lease,
+                            retries: retries.saturating_add(1),
+                            pos,
+                            ack,
                         });
                     }
                     Disposition::GiveUp => {
                         error!(%error, reason, "kafka refused a record; it is dropped and counted");
                         metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
-                        drop(in_flight);
+                        self.settle(*in_flight, Some(give_up_reason(error)));
                     }
                 }
             }
@@ -173,25 +224,71 @@ impl ProducerContext for ShipContext {
     }
 }
 
+type Producer_ = ThreadedProducer<ShipContext>;
+
 /// The agent's producer and the task that feeds it.
 pub struct Shipper {
-    producer: ThreadedProducer<ShipContext>,
+    config: ClientConfig,
+    producer: RwLock<Arc<Producer_>>,
+    fatal: Arc<AtomicBool>,
     topic: String,
     buffer: Buffer,
     reachable: Arc<AtomicBool>,
 }
 
+/// Most backlog bytes read from the spool per batch (also bounded by an eighth of the budget).
+const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
+
 impl Shipper {
     /// Creates the producer. It connects lazily; [`Shipper::probe`] tells when Kafka answers.
     pub fn new(config: &Config, buffer: Buffer) -> Result<Self, ShipError> {
+        let client = producer_config(config, &buffer);
+        let fatal = Arc::new(AtomicBool::new(false));
+        let producer = Self::create(&client, &buffer, &fatal)?;
+        metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
+        Ok(Self {
+            config: client,
+            producer: RwLock::new(Arc::new(producer)),
+            fatal,
+            topic: config.kafka.topic.clone(),
+            buffer,
+            reachable: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    fn create(client: &ClientConfig, buffer: &Buffer, fatal: &Arc<AtomicBool>) -> Result<Producer_, ShipError> {
         let context = ShipContext {
             buffer: buffer.clone(),
             delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
             delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
+            fatal: fatal.clone(),
         };
-        let producer = producer_config(config, &buffer).create_with_context(context)?;
-        Ok(Self { producer, topic: config.kafka.topic.clone(), buffer, reachable: Arc::new(AtomicBool::new(false)) })
+        Ok(client.create_with_context(context)?)
+    }
+
+    fn producer(&self) -> Arc<Producer_> {
+        self.producer.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Replaces a producer that reported a fatal error. The old one is dropped on the blocking
+    /// pool: its drop purges what it still held, and those records return to the buffer through
+    /// their (retryable) delivery reports.
+    async fn recreate(&self) {
+        let fresh = match Self::create(&self.config, &self.buffer, &self.fatal) {
+            Ok(producer) => Arc::new(producer),
+            Err(error) => {
+                error!(%error, "cannot create a replacement producer; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return;
+            }
+        };
+        self.fatal.store(false, Ordering::Relaxed);
+        let old =
+            std::mem::replace(&mut *self.producer.write().unwrap_or_else(|poisoned| poisoned.into_inner()), fresh);
+        metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(1);
+        warn!("kafka producer replaced after a fatal error");
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
     }
 
     /// True while the last metadata request succeeded.
@@ -203,44 +300,116 @@ impl Shipper {
     /// cancels `stop` only once the buffer holds nothing (or the drain deadline passed).
     pub async fn run(&self, stop: CancellationToken) {
         let mut batch = Vec::with_capacity(SEND_BATCH);
+        let mut reader = self.buffer.spool().map(|spool| spool.reader());
+        let mut prefer_backlog = true;
         loop {
-            tokio::select! {
+            if self.fatal.load(Ordering::Relaxed) {
+                self.recreate().await;
+            }
+            let work = tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = self.buffer.pop_batch(SEND_BATCH, &mut batch) => {}
-            }
-            if let Some(retries) = batch.iter().map(|record| record.retries).max().filter(|&r| r > 0) {
-                // A retried record failed at Kafka a moment ago: give the cluster a breath
-                // rather than spinning on an error that is returned at once.
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(retries.min(10)))).await;
-            }
-            for record in batch.drain(..) {
-                self.send(record, &stop).await;
+                work = self.buffer.next_work(prefer_backlog) => work,
+            };
+            prefer_backlog = !prefer_backlog;
+            match work {
+                Work::Memory => {
+                    self.buffer.pop_batch(SEND_BATCH, &mut batch);
+                    if let Some(retries) = batch.iter().map(|record| record.retries).max().filter(|&r| r > 0) {
+                        // A retried record failed at Kafka a moment ago: give the cluster a
+                        // breath rather than spinning on an error that is returned at once.
+                        tokio::time::sleep(Duration::from_millis(100 * u64::from(retries.min(10)))).await;
+                    }
+                    for record in batch.drain(..) {
+                        self.send(record, &stop).await;
+                    }
+                }
+                Work::Backlog { from, upto } => {
+                    if let Some(taken) = reader.take() {
+                        reader = Some(self.ship_backlog(taken, from, upto, &stop).await);
+                    }
+                }
             }
         }
-        // Records popped but not sent never leave the buffer: there are none here, since the
-        // loop only breaks between batches.
+    }
+
+    /// Reads one chunk of the backlog from the spool and sends it.
+    async fn ship_backlog(
+        &self,
+        mut reader: SpoolReader,
+        from: SpoolPos,
+        upto: SpoolPos,
+        stop: &CancellationToken,
+    ) -> SpoolReader {
+        let chunk = (self.buffer.max_bytes() / 8).clamp(64 * 1024, BACKLOG_CHUNK);
+        let records = (self.buffer.max_records() / 8).clamp(1, SEND_BATCH);
+        let mut lease = tokio::select! {
+            _ = stop.cancelled() => return reader,
+            lease = self.buffer.backlog_lease(chunk, records) => lease,
+        };
+        let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
+        let (reader, result) = tokio::task::spawn_blocking(move || {
+            let result = reader.read(from, upto, records, payload_budget);
+            (reader, result)
+        })
+        .await
+        .expect("spool reads do not panic");
+        let batch = match result {
+            Ok(batch) => batch,
+            Err(error) => {
+                metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "read").increment(1);
+                error!(%error, "cannot read the spool backlog; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return reader;
+            }
+        };
+        if batch.corrupt_regions > 0 {
+            metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt")
+                .increment(batch.corrupt_regions);
+        }
+        if let Some(spool) = self.buffer.spool() {
+            spool.held(batch.records.iter().map(|record| record.pos));
+        }
+        if let Some(next) = batch.next {
+            self.buffer.backlog_read_to(next);
+        }
+        for record in batch.records {
+            let cost = self.buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
+            let lease = self.buffer.split_lease(&mut lease, cost).await;
+            let record = Record {
+                payload: record.payload,
+                key: record.key,
+                lease,
+                retries: 0,
+                pos: Some(record.pos),
+                ack: None,
+            };
+            self.send(record, stop).await;
+        }
+        reader
     }
 
     async fn send(&self, record: Record, stop: &CancellationToken) {
-        let Record { payload, key, lease, retries } = record;
-        let mut base =
-            BaseRecord::with_opaque_to(&self.topic, Box::new(InFlight { lease, retries })).payload(&payload[..]);
+        let Record { payload, key, lease, retries, pos, ack } = record;
+        let producer = self.producer();
+        let in_flight = Box::new(InFlight { lease, retries, pos, ack });
+        let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);
         }
         loop {
-            match self.producer.send(base) {
+            match producer.send(base) {
                 Ok(()) => return,
                 Err((error, returned)) => {
                     let retryable = classify(&error) == Disposition::Retry;
                     if !retryable || stop.is_cancelled() {
                         let reason = if retryable { "drain_timeout".to_string() } else { reason(&error) };
                         error!(%error, reason, "record not handed to kafka; dropped and counted");
+                        let refused = if retryable { "drain_timeout" } else { give_up_reason(&error) };
                         metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
+                        producer.context().settle(*returned.delivery_opaque, Some(refused));
                         return;
                     }
-                    // QueueFull can only happen in the moment a retried record re-enters while
-                    // its earlier attempt is still accounted in librdkafka: wait for a report.
+                    // QueueFull: librdkafka holds its share of the budget; wait for reports.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     base = returned;
                 }
@@ -250,7 +419,7 @@ impl Shipper {
 
     /// Asks Kafka for the topic's metadata (on the blocking pool) and records the answer.
     pub async fn probe(&self, timeout: Duration) -> bool {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         let topic = self.topic.clone();
         let ok = tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout).is_ok())
             .await
@@ -269,7 +438,7 @@ impl Shipper {
 
     /// Waits (on the blocking pool) until librdkafka has no record left or `timeout` passes.
     pub async fn flush(&self, timeout: Duration) -> bool {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         tokio::task::spawn_blocking(move || producer.flush(timeout).is_ok()).await.unwrap_or(false)
     }
 }

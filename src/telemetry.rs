@@ -38,6 +38,18 @@ pub const BUFFER_CAPACITY_RECORDS: &str = "sluice_buffer_capacity_records";
 /// Records dropped by the full-buffer policy, `reason` = the `when_full` value.
 pub const BUFFER_DROPPED: &str = "sluice_buffer_records_dropped_total";
 
+// ---- agent: spool (buffer.type = "disk")
+/// Bytes of the spool's segment files.
+pub const SPOOL_BYTES: &str = "sluice_spool_bytes";
+/// Configured spool cap (`buffer.max_disk_bytes`).
+pub const SPOOL_CAPACITY_BYTES: &str = "sluice_spool_capacity_bytes";
+/// Records in the spool not yet acknowledged by Kafka.
+pub const SPOOL_RECORDS: &str = "sluice_spool_records";
+/// Spool I/O failures, by `op` (`write`, `fsync`, `read`).
+pub const SPOOL_ERRORS: &str = "sluice_spool_errors_total";
+/// Records recovered from the spool at start-up.
+pub const SPOOL_RECOVERED: &str = "sluice_spool_recovered_records_total";
+
 // ---- agent: ship
 /// Records acknowledged by Kafka (acks=all).
 pub const SHIP_DELIVERED: &str = "sluice_ship_records_delivered_total";
@@ -49,6 +61,8 @@ pub const SHIP_DELIVERY_ERRORS: &str = "sluice_ship_delivery_errors_total";
 pub const SHIP_RETRIED: &str = "sluice_ship_records_retried_total";
 /// Records given up: a non-retryable Kafka error, or still undelivered at the drain deadline.
 pub const SHIP_FAILED: &str = "sluice_ship_records_failed_total";
+/// Producers replaced after a fatal librdkafka error.
+pub const SHIP_PRODUCER_RECREATIONS: &str = "sluice_ship_producer_recreations_total";
 /// 1 while the last Kafka metadata request succeeded.
 pub const KAFKA_REACHABLE: &str = "sluice_kafka_reachable";
 
@@ -135,11 +149,17 @@ fn describe_all() {
     describe_gauge!(BUFFER_CAPACITY_BYTES, Unit::Bytes, "Buffer byte capacity (buffer.max_bytes).");
     describe_gauge!(BUFFER_CAPACITY_RECORDS, "Buffer record capacity (buffer.max_records).");
     describe_counter!(BUFFER_DROPPED, "Records dropped by the full-buffer policy, by reason.");
+    describe_gauge!(SPOOL_BYTES, Unit::Bytes, "Bytes of the spool's segment files.");
+    describe_gauge!(SPOOL_CAPACITY_BYTES, Unit::Bytes, "Spool cap (buffer.max_disk_bytes).");
+    describe_gauge!(SPOOL_RECORDS, "Records in the spool not yet acknowledged by Kafka.");
+    describe_counter!(SPOOL_ERRORS, "Spool I/O failures, by op.");
+    describe_counter!(SPOOL_RECOVERED, "Records recovered from the spool at start-up.");
     describe_counter!(SHIP_DELIVERED, "Records acknowledged by Kafka.");
     describe_counter!(SHIP_DELIVERED_BYTES, Unit::Bytes, "Bytes of records acknowledged by Kafka.");
     describe_counter!(SHIP_DELIVERY_ERRORS, "Failed Kafka delivery reports, by reason.");
     describe_counter!(SHIP_RETRIED, "Records put back into the buffer after a retryable failure.");
     describe_counter!(SHIP_FAILED, "Records given up, by reason.");
+    describe_counter!(SHIP_PRODUCER_RECREATIONS, "Producers replaced after a fatal librdkafka error.");
     describe_gauge!(KAFKA_REACHABLE, "1 while Kafka answers metadata requests.");
     describe_counter!(PERSIST_CONSUMED, "Kafka messages received by the persister.");
     describe_counter!(PERSIST_ROWS, "Rows inserted into the logs table.");

@@ -16,7 +16,7 @@
 //! blocking pool or the delivery thread), delete a segment with an unacknowledged record, or
 //! stop the agent because of a damaged file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
+use super::ack::Ack;
 use super::segment::{self, HEADER};
 
 #[cfg(test)]
@@ -98,9 +99,11 @@ struct SegmentState {
     sealed: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct State {
     segments: BTreeMap<u64, SegmentState>,
+    /// `delivered` acks of records evicted to the backlog, settled when they are delivered.
+    parked_acks: HashMap<SpoolPos, Ack>,
     disk_bytes: u64,
     /// First record that exists only on disk; `None` when every record on disk is in memory
     /// or done.
@@ -194,30 +197,44 @@ impl Spool {
     }
 
     /// Records left memory without being done (evicted under memory pressure): they are
-    /// disk-only again, from `first` on.
-    pub fn evicted(&self, positions: &[SpoolPos]) {
+    /// disk-only again. Acks waiting for their delivery are parked until then.
+    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) {
         let mut state = self.lock();
-        for pos in positions {
+        let mut first = None;
+        for (pos, ack) in records {
             if let Some(segment) = state.segments.get_mut(&pos.segment) {
                 segment.outstanding = segment.outstanding.saturating_sub(1);
             }
+            if let Some(ack) = ack {
+                state.parked_acks.insert(pos, ack);
+            }
+            first = Some(first.map_or(pos, |first: SpoolPos| first.min(pos)));
         }
-        if let Some(first) = positions.iter().min() {
-            state.backlog = Some(state.backlog.map_or(*first, |backlog| backlog.min(*first)));
+        if let Some(first) = first {
+            state.backlog = Some(state.backlog.map_or(first, |backlog| backlog.min(first)));
         }
     }
 
-    /// A record is acknowledged by Kafka or counted as dropped. Returns true if a segment
-    /// became deletable (the caller then runs [`Spool::delete_done`] on the blocking pool).
-    pub fn done(&self, pos: SpoolPos) -> bool {
+    /// A record is acknowledged by Kafka or counted as dropped. Returns whether a segment became
+    /// deletable (the caller then runs [`Spool::delete_done`] off the runtime) and the record's
+    /// parked ack, if it had one.
+    pub fn done(&self, pos: SpoolPos) -> (bool, Option<Ack>) {
         let mut state = self.lock();
+        let parked = state.parked_acks.remove(&pos);
         let Some(segment) = state.segments.get_mut(&pos.segment) else {
-            return false; // dropped with its segment meanwhile
+            return (false, parked); // dropped with its segment meanwhile
         };
         segment.done += 1;
         segment.outstanding = segment.outstanding.saturating_sub(1);
         let backlog = state.backlog;
-        state.segments.get(&pos.segment).is_some_and(|segment| deletable(pos.segment, segment, backlog))
+        let deletable =
+            state.segments.get(&pos.segment).is_some_and(|segment| deletable(pos.segment, segment, backlog));
+        (deletable, parked)
+    }
+
+    /// Records written and not yet done, in memory or only on disk.
+    pub fn undelivered(&self) -> u64 {
+        self.lock().segments.values().map(|segment| segment.records.saturating_sub(segment.done)).sum()
     }
 
     /// Moves the backlog cursor (the reader went past records, or caught up: `None`).
@@ -272,6 +289,12 @@ impl Spool {
             }
             state.segments.remove(&id);
             state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
+            let parked: Vec<SpoolPos> = state.parked_acks.keys().filter(|pos| pos.segment == id).copied().collect();
+            for pos in parked {
+                if let Some(ack) = state.parked_acks.remove(&pos) {
+                    ack.refused("drop_oldest");
+                }
+            }
             (id, lost)
         };
         if let Err(error) = std::fs::remove_file(segment_path(&self.config.dir, id))
@@ -392,37 +415,56 @@ impl SpoolWriter {
         self.spool.disk_bytes() + bytes <= self.spool.config.max_bytes
     }
 
-    /// Appends records (key, payload) in order and returns their positions. They count as
-    /// outstanding (held in memory by the caller) from here on. Durable once [`Self::sync`]
-    /// has run, if the policy syncs at all.
-    pub fn append(&mut self, records: &[(Option<&[u8]>, &[u8])]) -> io::Result<Vec<SpoolPos>> {
+    /// Appends records (key, payload) in order and returns the positions of those written —
+    /// a prefix of `records`, all of them unless an error is returned with it. Written records
+    /// count as outstanding (held in memory by the caller) from here on. Under `Fsync::Always`
+    /// they are synced before this returns.
+    pub fn append(&mut self, records: &[(Option<&[u8]>, &[u8])]) -> (Vec<SpoolPos>, Option<io::Error>) {
         let mut positions = Vec::with_capacity(records.len());
+        let mut pending = Vec::with_capacity(records.len());
         self.scratch.clear();
-        let mut counted = 0u64;
         for (key, payload) in records {
             let len = segment::frame_len(*key, payload) as u64;
             if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
-                self.flush_scratch(counted)?;
-                counted = 0;
-                self.roll()?;
+                if let Err(error) = self.flush_scratch(pending.len() as u64) {
+                    return (positions, Some(error));
+                }
+                positions.append(&mut pending);
+                if let Err(error) = self.roll() {
+                    return (positions, Some(error));
+                }
             }
-            positions.push(SpoolPos { segment: self.segment, offset: self.offset });
+            pending.push(SpoolPos { segment: self.segment, offset: self.offset });
             segment::encode(*key, payload, &mut self.scratch);
             self.offset += len;
-            counted += 1;
         }
-        self.flush_scratch(counted)?;
-        if self.spool.config.fsync == Fsync::Always {
-            self.sync()?;
+        if let Err(error) = self.flush_scratch(pending.len() as u64) {
+            return (positions, Some(error));
         }
-        Ok(positions)
+        positions.append(&mut pending);
+        if self.spool.config.fsync == Fsync::Always
+            && let Err(error) = self.sync()
+        {
+            // Written but not known durable: the caller must not acknowledge them as spooled.
+            return (positions, Some(error));
+        }
+        (positions, None)
     }
 
+    /// Writes the scratch buffer. On failure the file is cut back to its last good length, so a
+    /// half-written frame never sits in front of later ones, and the offset is rewound.
     fn flush_scratch(&mut self, records: u64) -> io::Result<()> {
         if self.scratch.is_empty() {
             return Ok(());
         }
-        self.file.write_all(&self.scratch)?;
+        let start = self.offset - self.scratch.len() as u64;
+        if let Err(error) = self.file.write_all(&self.scratch) {
+            let _ = self.file.set_len(start);
+            let _ = self.file.seek(SeekFrom::Start(start));
+            self.offset = start;
+            self.scratch.clear();
+            return Err(error);
+        }
         self.unsynced = true;
         let mut state = self.spool.lock();
         state.disk_bytes += self.scratch.len() as u64;
@@ -513,7 +555,13 @@ pub struct SpoolReader {
 impl SpoolReader {
     /// Reads records from `from` while their position is below `upto`, stopping after
     /// `max_records` records or `max_bytes` payload bytes. Blocking.
-    pub fn read(&mut self, from: SpoolPos, upto: SpoolPos, max_records: usize, max_bytes: usize) -> io::Result<ReadBatch> {
+    pub fn read(
+        &mut self,
+        from: SpoolPos,
+        upto: SpoolPos,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> io::Result<ReadBatch> {
         let mut batch = ReadBatch::default();
         let mut pos = from;
         let mut bytes = 0;
@@ -582,7 +630,8 @@ impl SpoolReader {
     }
 
     fn open_at(&mut self, pos: SpoolPos) -> io::Result<()> {
-        let reopen = !matches!(&self.file, Some((segment, _, offset)) if *segment == pos.segment && *offset == pos.offset);
+        let reopen =
+            !matches!(&self.file, Some((segment, _, offset)) if *segment == pos.segment && *offset == pos.offset);
         if reopen {
             let mut file = File::open(segment_path(&self.spool.config.dir, pos.segment))?;
             file.seek(SeekFrom::Start(pos.offset))?;

@@ -11,6 +11,11 @@
 //! - empty (after removing `\r`): rejected, `reason="empty"`.
 //!
 //! In every case the connection continues with the next record.
+//!
+//! Acknowledged mode: a connection whose first line is exactly [`ACK_HANDSHAKE`] gets an
+//! `OK <point>` line back and from then on `ACK <n>` lines (records 1..=n of this connection are
+//! settled) and `NAK <n> <reason>` lines (record n was refused), written by a second task so
+//! reading never waits for the writer to read. See `docs/PROTOCOL.md`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +23,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::value::RawValue;
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, trace};
 
 use super::framing::{Frame, LineFramer};
 use super::{IngestContext, KeyRule};
+use crate::buffer::Admission;
+use crate::buffer::ack::{AckEvent, AckTracker};
 use crate::envelope::{EnvelopeWriter, Peer};
 use crate::telemetry::{self, Rejected};
 
@@ -32,8 +41,11 @@ use crate::telemetry::{self, Rejected};
 /// it has been idle this long (or at end of stream). Bounded overall by the drain deadline.
 pub const DRAIN_IDLE: Duration = Duration::from_millis(250);
 
-/// Read chunk size; the frame buffer holds at most `max_record_size` plus one chunk.
-const READ_CAPACITY: usize = 64 * 1024;
+/// Initial read buffer; it grows with the records, up to `max_record_size` plus one read.
+const READ_CAPACITY: usize = 8 * 1024;
+
+/// The first line that switches a connection to acknowledged mode.
+pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 
 /// Serves one connection until the writer closes it, it fails, or shutdown has drained it.
 pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: CancellationToken) {
@@ -47,8 +59,12 @@ pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: Cancel
     debug!(pid = ?peer.pid, uid = peer.uid, "connection opened");
     let open = metrics::gauge!(telemetry::INGEST_CONNECTIONS_OPEN);
     open.increment(1.0);
+    let (read_half, write_half) = stream.into_split();
     let mut reader = RecordReader::new(&context, peer);
-    let mut frames = FramedRead::with_capacity(stream, LineFramer::new(context.max_record_size), READ_CAPACITY);
+    let mut frames = FramedRead::with_capacity(read_half, LineFramer::new(context.max_record_size), READ_CAPACITY);
+    let mut write_half = Some(write_half);
+    let mut acks: Option<tokio::task::JoinHandle<()>> = None;
+    let mut first = true;
     let mut draining = false;
     loop {
         let next = if draining {
@@ -64,7 +80,18 @@ pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: Cancel
             }
         };
         match next {
-            Some(Ok(frame)) => reader.handle(frame).await,
+            Some(Ok(Frame::Line(line))) if first && line.as_ref() == ACK_HANDSHAKE => {
+                first = false;
+                let tracker = AckTracker::new(context.ack_point);
+                if let Some(writer) = write_half.take() {
+                    acks = Some(tokio::spawn(write_acks(writer, tracker.clone(), context.abandon.clone())));
+                }
+                reader.tracker = Some(tracker);
+            }
+            Some(Ok(frame)) => {
+                first = false;
+                reader.handle(frame).await;
+            }
             Some(Err(error)) => {
                 debug!(%error, "read failed; closing connection");
                 break;
@@ -73,13 +100,55 @@ pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: Cancel
         }
     }
     reader.flush_counters();
+    if let Some(tracker) = &reader.tracker {
+        tracker.finish_reading();
+    }
+    if let Some(acks) = acks {
+        // The writer may still be reading its acknowledgements: keep writing them until every
+        // record is settled (or the agent gives up at its drain deadline).
+        let _ = acks.await;
+    }
     open.decrement(1.0);
     debug!("connection closed");
+}
+
+/// Writes `OK`, then `NAK`/`ACK` lines as records settle, until all are reported after the
+/// reader finished, the peer goes away, or the drain deadline passes.
+async fn write_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
+    let hello = format!("OK {}\n", tracker.point().as_str());
+    if writer.write_all(hello.as_bytes()).await.is_err() {
+        return;
+    }
+    let mut text = String::new();
+    loop {
+        let events = tokio::select! {
+            events = tracker.next_events() => events,
+            _ = abandon.cancelled() => break,
+        };
+        text.clear();
+        for event in events {
+            match event {
+                AckEvent::Refused { seq, reason } => text.push_str(&format!("NAK {seq} {reason}\n")),
+                AckEvent::Upto(seq) => text.push_str(&format!("ACK {seq}\n")),
+            }
+        }
+        if writer.write_all(text.as_bytes()).await.is_err() {
+            debug!("acknowledgement reader went away");
+            break;
+        }
+        if tracker.reading_done() && tracker.all_reported() {
+            break;
+        }
+    }
+    let _ = writer.shutdown().await;
 }
 
 /// Turns frames into buffered records for one connection.
 struct RecordReader<'a> {
     context: &'a IngestContext,
+    /// Set in acknowledged mode.
+    tracker: Option<Arc<AckTracker>>,
+    admission: Admission,
     peer_fragment: String,
     scratch: Vec<u8>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
@@ -94,6 +163,8 @@ impl<'a> RecordReader<'a> {
     fn new(context: &'a IngestContext, peer: Peer) -> Self {
         Self {
             context,
+            tracker: None,
+            admission: Admission::default(),
             peer_fragment: EnvelopeWriter::peer_fragment(&peer),
             scratch: Vec::with_capacity(1024),
             records: 0,
@@ -102,18 +173,19 @@ impl<'a> RecordReader<'a> {
     }
 
     async fn handle(&mut self, frame: Frame) {
+        let mut ack = self.tracker.as_ref().map(|tracker| tracker.issue());
         let line = match frame {
             Frame::TooLarge { len } => {
                 trace!(len, "record too large");
-                return reject(Rejected::TooLarge);
+                return reject(Rejected::TooLarge, ack);
             }
             Frame::Line(line) => line,
         };
         if line.is_empty() {
-            return reject(Rejected::Empty);
+            return reject(Rejected::Empty, ack);
         }
         let Ok(text) = std::str::from_utf8(&line) else {
-            return reject(Rejected::InvalidUtf8);
+            return reject(Rejected::InvalidUtf8, ack);
         };
         self.context.envelopes.write(text, &self.peer_fragment, chrono::Utc::now(), &mut self.scratch);
         let key = match &self.context.key {
@@ -126,11 +198,14 @@ impl<'a> RecordReader<'a> {
         if self.records >= COUNTER_FLUSH_EVERY {
             self.flush_counters();
         }
-        let push = self.context.buffer.push(Bytes::copy_from_slice(&self.scratch), key);
+        let payload = Bytes::copy_from_slice(&self.scratch);
+        let abandon = self.context.abandon.clone();
+        let push = self.context.buffer.push(payload, key, ack.take(), &mut self.admission);
         tokio::select! {
-            // A drop under `drop_newest` is counted by the buffer; nothing else to do here.
+            // A drop by policy is counted (and its ack refused) by the buffer.
             _ = push => {}
-            _ = self.context.abandon.cancelled() => {
+            _ = abandon.cancelled() => {
+                // The record (and its ack, never settled) is given up at the drain deadline.
                 metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
             }
         }
@@ -146,8 +221,11 @@ impl<'a> RecordReader<'a> {
     }
 }
 
-fn reject(reason: Rejected) {
+fn reject(reason: Rejected, ack: Option<crate::buffer::ack::Ack>) {
     metrics::counter!(telemetry::INGEST_REJECTED, telemetry::REASON => reason.as_str()).increment(1);
+    if let Some(ack) = ack {
+        ack.refused(reason.as_str());
+    }
 }
 
 /// The key from a JSON record's top-level `field`: a string's content, or any other value's JSON

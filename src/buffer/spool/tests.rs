@@ -16,7 +16,9 @@ fn payloads(n: usize) -> Vec<Vec<u8>> {
 
 fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
     let records: Vec<(Option<&[u8]>, &[u8])> = payloads.iter().map(|p| (None, p.as_slice())).collect();
-    writer.append(&records).expect("append")
+    let (positions, error) = writer.append(&records);
+    assert!(error.is_none(), "{error:?}");
+    positions
 }
 
 fn read_all(spool: &Arc<Spool>, from: SpoolPos, upto: SpoolPos) -> ReadBatch {
@@ -72,10 +74,10 @@ fn a_segment_is_deleted_only_when_every_record_is_done_and_the_cursor_is_past_it
     let first = positions[0].segment;
     let in_first: Vec<_> = positions.iter().filter(|p| p.segment == first).copied().collect();
     for pos in &in_first[..in_first.len() - 1] {
-        assert!(!spool.done(*pos));
+        assert!(!spool.done(*pos).0);
     }
     assert_eq!(spool.delete_done(), 0, "one record of the first segment is not done");
-    assert!(spool.done(*in_first.last().expect("records")));
+    assert!(spool.done(*in_first.last().expect("records")).0);
     assert!(spool.delete_done() > 0);
     assert!(!segment_path(dir.path(), first).exists());
     // The active segment is never deleted, even when all its records are done.
@@ -92,7 +94,7 @@ fn evicted_records_become_backlog_and_their_segment_waits_for_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
     let positions = append_all(&mut writer, &payloads(40));
-    spool.evicted(&positions[..10]);
+    spool.evicted(positions[..10].iter().map(|p| (*p, None)).collect());
     assert_eq!(spool.backlog(), Some(positions[0]));
     for pos in &positions[10..] {
         spool.done(*pos);
@@ -118,7 +120,7 @@ fn drop_oldest_deletes_the_oldest_segment_and_reports_its_disk_only_records() {
     let first = positions[0].segment;
     let in_first = positions.iter().filter(|p| p.segment == first).count() as u64;
     // Two records of the first segment are in memory, one is done, the rest disk-only.
-    spool.evicted(&positions[3..in_first as usize]);
+    spool.evicted(positions[3..in_first as usize].iter().map(|p| (*p, None)).collect());
     spool.done(positions[0]);
     let before = spool.disk_bytes();
     let dropped = spool.drop_oldest().expect("a sealed segment");
@@ -171,7 +173,7 @@ fn damage_found_while_reading_skips_the_rest_of_that_segment_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
     let positions = append_all(&mut writer, &payloads(40));
-    spool.evicted(&positions);
+    spool.evicted(positions.iter().map(|p| (*p, None)).collect());
     let victim = positions[1];
     let path = segment_path(dir.path(), victim.segment);
     let mut data = std::fs::read(&path).expect("read");

@@ -1,0 +1,227 @@
+//! Acknowledgements to writers that asked for them: which of a connection's records have
+//! reached the point it asked about (spooled to disk, or delivered to Kafka), and which were
+//! refused.
+//!
+//! Owns: per-connection numbering of records (1, 2, 3…) and the cumulative watermark "every
+//! record up to n is settled". Must not: settle a record twice, or report a record durable that
+//! was refused (a refusal is reported as its own line before the watermark passes it).
+//!
+//! An [`Ack`] travels with its record through the buffer and librdkafka; whoever decides the
+//! record's fate settles it. An `Ack` dropped unsettled (the process is stopping) is simply never
+//! acknowledged, which is the truth: the writer must not count that record as durable.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+/// The point at which a writer hears that its record is safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckPoint {
+    /// Written to the disk spool (and synced, if `buffer.fsync` syncs).
+    Spooled,
+    /// Acknowledged by Kafka (acks=all).
+    Delivered,
+}
+
+impl AckPoint {
+    /// The word used in the protocol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckPoint::Spooled => "spooled",
+            AckPoint::Delivered => "delivered",
+        }
+    }
+}
+
+/// What a writer is told, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckEvent {
+    /// Record `seq` was refused for `reason` (a metric reason label).
+    Refused {
+        /// The record's number on its connection.
+        seq: u64,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Every record numbered up to and including this is settled.
+    Upto(u64),
+}
+
+#[derive(Default)]
+struct State {
+    /// Numbers handed out so far (the last one).
+    issued: u64,
+    /// Every record numbered up to this is settled.
+    settled_upto: u64,
+    /// Settled records beyond the watermark (settled out of order).
+    settled_ahead: BTreeSet<u64>,
+    /// Refusals not yet reported.
+    refusals: Vec<(u64, &'static str)>,
+    /// The watermark last reported.
+    reported_upto: u64,
+    /// The connection will issue no more numbers.
+    reading_done: bool,
+}
+
+/// One connection's acknowledgement state.
+pub struct AckTracker {
+    point: AckPoint,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl AckTracker {
+    /// A tracker for a connection that asked to hear at `point`.
+    pub fn new(point: AckPoint) -> Arc<Self> {
+        Arc::new(Self { point, state: Mutex::new(State::default()), changed: Notify::new() })
+    }
+
+    /// The point this connection asked for.
+    pub fn point(&self) -> AckPoint {
+        self.point
+    }
+
+    /// Numbers the connection's next record.
+    pub fn issue(self: &Arc<Self>) -> Ack {
+        let mut state = self.lock();
+        state.issued += 1;
+        Ack { tracker: self.clone(), seq: state.issued }
+    }
+
+    fn settle(&self, seq: u64, refused: Option<&'static str>) {
+        let mut state = self.lock();
+        if let Some(reason) = refused {
+            state.refusals.push((seq, reason));
+        }
+        if seq == state.settled_upto + 1 {
+            state.settled_upto = seq;
+            loop {
+                let next = state.settled_upto + 1;
+                if !state.settled_ahead.remove(&next) {
+                    break;
+                }
+                state.settled_upto = next;
+            }
+        } else if seq > state.settled_upto {
+            state.settled_ahead.insert(seq);
+        }
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// Waits until there is something new to tell the writer, and returns it in the order to
+    /// write it: refusals first, then the watermark.
+    pub async fn next_events(&self) -> Vec<AckEvent> {
+        loop {
+            let notified = self.changed.notified();
+            let events = self.take_events();
+            if !events.is_empty() || (self.reading_done() && self.all_reported()) {
+                return events;
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes whatever is new without waiting.
+    pub fn take_events(&self) -> Vec<AckEvent> {
+        let mut state = self.lock();
+        let mut events: Vec<AckEvent> =
+            state.refusals.drain(..).map(|(seq, reason)| AckEvent::Refused { seq, reason }).collect();
+        events.sort_by_key(|event| match event {
+            AckEvent::Refused { seq, .. } => *seq,
+            AckEvent::Upto(_) => 0,
+        });
+        if state.settled_upto > state.reported_upto {
+            state.reported_upto = state.settled_upto;
+            events.push(AckEvent::Upto(state.settled_upto));
+        }
+        events
+    }
+
+    /// The connection has read its last record.
+    pub fn finish_reading(&self) {
+        self.lock().reading_done = true;
+        self.changed.notify_one();
+    }
+
+    /// True once [`AckTracker::finish_reading`] was called.
+    pub fn reading_done(&self) -> bool {
+        self.lock().reading_done
+    }
+
+    /// True once every issued record is settled and reported.
+    pub fn all_reported(&self) -> bool {
+        let state = self.lock();
+        state.reported_upto == state.issued && state.refusals.is_empty()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One record's claim to be acknowledged. Settle it exactly once.
+pub struct Ack {
+    tracker: Arc<AckTracker>,
+    seq: u64,
+}
+
+impl std::fmt::Debug for Ack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ack({})", self.seq)
+    }
+}
+
+impl Ack {
+    /// The record's number on its connection.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The point its writer asked for.
+    pub fn point(&self) -> AckPoint {
+        self.tracker.point
+    }
+
+    /// The record reached the point its writer asked for.
+    pub fn durable(self) {
+        self.tracker.settle(self.seq, None);
+    }
+
+    /// The record will never get there; `reason` is the metric reason label.
+    pub fn refused(self, reason: &'static str) {
+        self.tracker.settle(self.seq, Some(reason));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watermark_advances_only_over_contiguous_settled_records() {
+        let tracker = AckTracker::new(AckPoint::Delivered);
+        let (one, two, three) = (tracker.issue(), tracker.issue(), tracker.issue());
+        two.durable();
+        assert!(tracker.take_events().is_empty(), "record 1 is still open");
+        one.durable();
+        assert_eq!(tracker.take_events(), vec![AckEvent::Upto(2)]);
+        three.refused("drop_newest");
+        assert_eq!(tracker.take_events(), vec![AckEvent::Refused { seq: 3, reason: "drop_newest" }, AckEvent::Upto(3)]);
+        assert!(tracker.all_reported());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_is_woken_by_a_settlement() {
+        let tracker = AckTracker::new(AckPoint::Spooled);
+        let ack = tracker.issue();
+        let waiter = tokio::spawn({
+            let tracker = tracker.clone();
+            async move { tracker.next_events().await }
+        });
+        tokio::task::yield_now().await;
+        ack.durable();
+        assert_eq!(waiter.await.expect("task"), vec![AckEvent::Upto(1)]);
+    }
+}
