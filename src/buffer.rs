@@ -27,6 +27,7 @@
 //! them is acknowledged) and the policies are what Sluice is for.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -97,6 +98,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The bytes this lease holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes.num_permits()
+    }
+
     /// Takes `cost` bytes and one record out of this (larger) lease.
     fn split(&mut self, cost: usize) -> Option<Lease> {
         let bytes = self.bytes.split(cost)?;
@@ -158,6 +164,11 @@ struct Shared {
     when_full: WhenFull,
     block_timeout: Option<Duration>,
     spool: Option<Arc<Spool>>,
+    /// Bytes (with overhead) of records handed to the shipper and not yet settled: in flight at
+    /// librdkafka or waiting in `retry`. Neither can be evicted, so with a spool they may use at
+    /// most half the budget; the other half is always free for new records to pass through on
+    /// their way to disk.
+    shipping: AtomicUsize,
 }
 
 impl Buffer {
@@ -193,6 +204,7 @@ impl Buffer {
                 when_full: config.when_full,
                 block_timeout: config.block_timeout,
                 spool,
+                shipping: AtomicUsize::new(0),
             }),
         }
     }
@@ -383,9 +395,10 @@ impl Buffer {
 
     fn poll_work(&self, prefer_backlog: bool) -> Option<Work> {
         let queues = self.lock();
-        let memory = !queues.retry.is_empty() || !queues.fresh.is_empty();
+        let room = !self.shipping_full();
+        let memory = !queues.retry.is_empty() || (room && !queues.fresh.is_empty());
         let backlog = match (&self.shared.spool, Self::backlog_end(&queues)) {
-            (Some(spool), Some(end)) => spool.backlog().filter(|from| *from < end).map(|from| (from, end)),
+            (Some(spool), Some(end)) if room => spool.backlog().filter(|from| *from < end).map(|from| (from, end)),
             _ => None,
         };
         match (memory, backlog) {
@@ -396,13 +409,35 @@ impl Buffer {
         }
     }
 
-    /// Moves up to `max` records waiting in memory into `out`: retried ones first.
+    /// Moves up to `max` records waiting in memory into `out`: retried ones first, then fresh
+    /// ones while the shipping share allows.
     pub fn pop_batch(&self, max: usize, out: &mut Vec<Record>) {
         let mut queues = self.lock();
         let from_retry = queues.retry.len().min(max);
         out.extend(queues.retry.drain(..from_retry));
-        let from_fresh = queues.fresh.len().min(max - from_retry);
-        out.extend(queues.fresh.drain(..from_fresh));
+        while out.len() < max && !self.shipping_full() {
+            let Some(record) = queues.fresh.pop_front() else { break };
+            self.shipping(record.lease.bytes.num_permits());
+            out.push(record);
+        }
+    }
+
+    /// With a spool, true while records in flight or waiting for a retry use half the budget.
+    fn shipping_full(&self) -> bool {
+        self.shared.spool.is_some() && self.shared.shipping.load(Ordering::Relaxed) >= self.shared.max_bytes / 2
+    }
+
+    /// A record (of `bytes` lease bytes) goes to the shipper.
+    pub fn shipping(&self, bytes: usize) {
+        self.shared.shipping.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A record handed to the shipper is settled (delivered or given up): its share returns.
+    pub fn settled(&self, bytes: usize) {
+        self.shared.shipping.fetch_sub(bytes, Ordering::Relaxed);
+        if self.shared.spool.is_some() {
+            self.shared.ready.notify_one();
+        }
     }
 
     /// The backlog reader got as far as `next`: the cursor moves there, or is cleared when it
@@ -415,21 +450,21 @@ impl Buffer {
         }
     }
 
-    /// Memory for reading up to `bytes` of backlog; waits for room (the shipper may wait).
-    pub async fn backlog_lease(&self, bytes: usize, records: usize) -> Lease {
+    /// Memory for reading up to `bytes` of backlog, if there is that much room now. The shipper
+    /// never waits for memory: the records holding it may be the ones only it can send.
+    pub fn try_backlog_lease(&self, bytes: usize, records: usize) -> Option<Lease> {
         let bytes = bytes.clamp(1, self.shared.max_bytes) as u32;
         let records = records.clamp(1, self.shared.max_records) as u32;
-        let records = self.shared.records.clone().acquire_many_owned(records).await.expect("never closed");
-        let bytes = self.shared.bytes.clone().acquire_many_owned(bytes).await.expect("never closed");
-        Lease { bytes, records }
+        let records = self.shared.records.clone().try_acquire_many_owned(records).ok()?;
+        let bytes = self.shared.bytes.clone().try_acquire_many_owned(bytes).ok()?;
+        Some(Lease { bytes, records })
     }
 
-    /// Cuts one record's lease out of a backlog lease, waiting for more room if it is used up.
-    pub async fn split_lease(&self, chunk: &mut Lease, cost: usize) -> Lease {
-        match chunk.split(cost) {
-            Some(lease) => lease,
-            None => self.lease(cost).await,
-        }
+    /// Cuts one record's lease out of a backlog lease; `None` when the chunk is used up.
+    pub fn split_lease(&self, chunk: &mut Lease, cost: usize) -> Option<Lease> {
+        let lease = chunk.split(cost)?;
+        self.shipping(lease.bytes.num_permits());
+        Some(lease)
     }
 
     /// Puts a record back (a retryable delivery failure), keeping its lease: the record never

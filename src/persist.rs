@@ -42,6 +42,8 @@ pub mod writer;
 use row::{DeadLetter, Origin, Parsed, Row};
 use writer::Writer;
 
+/// librdkafka's prefetch queue per persister, in KiB (`queued.max.messages.kbytes`).
+const PREFETCH_KIB: u32 = 16 * 1024;
 /// How often partitions ahead are created and old ones dropped.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 /// How often PostgreSQL is asked `SELECT 1` for `/readyz`, also while no records arrive.
@@ -120,9 +122,14 @@ fn consumer_config(config: &Config) -> ClientConfig {
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.commit.interval.ms", "1000");
-    if !config.persist.properties.contains_key("auto.offset.reset")
-        && !config.kafka.properties.contains_key("auto.offset.reset")
-    {
+    let overridden =
+        |key: &str| config.persist.properties.contains_key(key) || config.kafka.properties.contains_key(key);
+    if !overridden("queued.max.messages.kbytes") {
+        // librdkafka prefetches up to 64 MiB per consumer by default; while PostgreSQL is away
+        // the persister stops polling, and this is what it holds on top of one batch.
+        client.set("queued.max.messages.kbytes", PREFETCH_KIB.to_string());
+    }
+    if !overridden("auto.offset.reset") {
         // A new group starts at the beginning: records produced before the first persister
         // started are still records.
         client.set("auto.offset.reset", "earliest");

@@ -165,6 +165,7 @@ impl ShipContext {
     /// The record is stored in Kafka, or given up for good: release it everywhere.
     fn settle(&self, in_flight: InFlight, refused: Option<&'static str>) {
         let InFlight { lease, pos, mut ack, .. } = in_flight;
+        self.buffer.settled(lease.bytes());
         if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
             let (deletable, parked) = spool.done(pos);
             ack = ack.or(parked);
@@ -340,11 +341,16 @@ impl Shipper {
         upto: SpoolPos,
         stop: &CancellationToken,
     ) -> SpoolReader {
-        let chunk = (self.buffer.max_bytes() / 8).clamp(64 * 1024, BACKLOG_CHUNK);
-        let records = (self.buffer.max_records() / 8).clamp(1, SEND_BATCH);
-        let mut lease = tokio::select! {
-            _ = stop.cancelled() => return reader,
-            lease = self.buffer.backlog_lease(chunk, records) => lease,
+        let chunk = (self.buffer.max_bytes() / 16).clamp(16 * 1024, BACKLOG_CHUNK);
+        let records = (self.buffer.max_records() / 16).clamp(1, SEND_BATCH);
+        let Some(mut lease) = self.buffer.try_backlog_lease(chunk, records) else {
+            // No room now: what holds it is in flight (wait for its reports) or in memory (the
+            // other lane sends it). Either way, come back shortly.
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            return reader;
         };
         let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
         let (reader, result) = tokio::task::spawn_blocking(move || {
@@ -372,9 +378,18 @@ impl Shipper {
         if let Some(next) = batch.next {
             self.buffer.backlog_read_to(next);
         }
-        for record in batch.records {
+        let mut records = batch.records.into_iter();
+        while let Some(record) = records.next() {
             let cost = self.buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
-            let lease = self.buffer.split_lease(&mut lease, cost).await;
+            let Some(lease) = self.buffer.split_lease(&mut lease, cost) else {
+                // The chunk was sized for the payload budget; a record that does not fit goes
+                // back to the backlog with the rest (read again next time).
+                let rest: Vec<_> = std::iter::once(record).chain(records).map(|record| (record.pos, None)).collect();
+                if let Some(spool) = self.buffer.spool() {
+                    spool.evicted(rest);
+                }
+                break;
+            };
             let record = Record {
                 payload: record.payload,
                 key: record.key,

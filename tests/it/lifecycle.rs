@@ -9,7 +9,7 @@ use crate::support::*;
 async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
     let services = services();
     let topic = unique("stale");
-    create_topic(&services, &topic, 1).await;
+    create_topic(&services.kafka, &topic, 1).await;
     let mut config = TestConfig::new(&services, &topic);
     config.set("ingest", "socket_mode", "0600");
     // A socket file left behind by a crashed agent: bound, then closed without unlinking.
@@ -23,7 +23,7 @@ async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
 async fn agent_drains_its_buffer_to_kafka_on_sigterm_and_exits_zero() {
     let services = services();
     let topic = unique("drain");
-    create_topic(&services, &topic, 2).await;
+    create_topic(&services.kafka, &topic, 2).await;
     let mut config = TestConfig::new(&services, &topic);
     // A long linger keeps records in the buffer when SIGTERM arrives.
     config.set("ship", "linger", "2s");

@@ -2,6 +2,7 @@
 //! started by `scripts/stack`. One test binary, so it builds once.
 
 mod cli;
+mod faults;
 mod ingest;
 mod lifecycle;
 mod pipeline;

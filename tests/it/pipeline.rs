@@ -135,7 +135,7 @@ async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted()
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let services = services();
     let topic = unique("dead");
-    create_topic(&services, &topic, 1).await;
+    create_topic(&services.kafka, &topic, 1).await;
     let config = TestConfig::new(&services, &topic);
     let _persister = start_persister(&config).await;
     let producer: FutureProducer =

@@ -15,6 +15,14 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod broker;
+mod load;
+mod proxy;
+
+pub use broker::PrivateBroker;
+pub use load::{AckedSender, Load, numbered, numbers_in};
+pub use proxy::Proxy;
+
 /// Any single wait in a test is bounded by this unless it says otherwise.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -54,10 +62,10 @@ pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output =
     tokio::time::timeout(limit, future).await.unwrap_or_else(|_| panic!("timed out after {limit:?}: {what}"))
 }
 
-/// Creates a topic with `partitions` partitions and waits until it is usable.
-pub async fn create_topic(services: &Services, name: &str, partitions: i32) {
+/// Creates a topic with `partitions` partitions on the broker at `bootstrap`.
+pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", &services.kafka).create().expect("kafka admin client");
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("kafka admin client");
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     let results = within(WAIT, "create topic", admin.create_topics([&topic], &AdminOptions::new()))
         .await
@@ -154,17 +162,29 @@ pub struct Process {
 }
 
 impl Process {
+    /// Starts the `sluice` binary with `args`, its output in a log file in `dir`.
     pub fn spawn(name: &'static str, args: &[&str], dir: &Path) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command.args(args);
+        Self::start(name, command, dir)
+    }
+
+    /// Starts any command, its output in a log file in `dir`.
+    pub fn start(name: &'static str, mut command: Command, dir: &Path) -> Self {
         let log = dir.join(format!("{name}-{}.log", unique("log")));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
+        let child = command
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
-            .expect("start sluice");
+            .unwrap_or_else(|error| panic!("start {name}: {error}"));
         Self { child: Some(child), log, name }
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().ok().flatten().is_none())
     }
 
     pub fn pid(&self) -> i32 {
@@ -218,27 +238,28 @@ impl Drop for Process {
 /// Starts `sluice agent` and waits until `/readyz` says ready.
 pub async fn start_agent(config: &TestConfig) -> Process {
     let path = config.write();
-    let process =
+    let mut process =
         Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
-    wait_ready(&process, config.agent_admin()).await;
+    wait_ready(&mut process, config.agent_admin()).await;
     process
 }
 
 /// Starts `sluice persist` and waits until `/readyz` says ready (partitions assigned).
 pub async fn start_persister(config: &TestConfig) -> Process {
     let path = config.write();
-    let process =
+    let mut process =
         Process::spawn("persist", &["persist", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
-    wait_ready(&process, config.persist_admin()).await;
+    wait_ready(&mut process, config.persist_admin()).await;
     process
 }
 
-pub async fn wait_ready(process: &Process, admin: SocketAddr) {
+pub async fn wait_ready(process: &mut Process, admin: SocketAddr) {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Ok((200, _)) = http_get(admin, "/readyz").await {
             return;
         }
+        assert!(process.running(), "{} exited; log:\n{}", process.name, process.log_text());
         assert!(Instant::now() < deadline, "{} not ready within {WAIT:?}; log:\n{}", process.name, process.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -369,7 +390,7 @@ pub struct Pipeline {
 pub async fn start_pipeline(prefix: &str, partitions: i32, configure: impl FnOnce(&mut TestConfig)) -> Pipeline {
     let services = services();
     let topic = unique(prefix);
-    create_topic(&services, &topic, partitions).await;
+    create_topic(&services.kafka, &topic, partitions).await;
     let mut config = TestConfig::new(&services, &topic);
     configure(&mut config);
     let persister = start_persister(&config).await;

@@ -1,0 +1,351 @@
+//! Fault tests: break the real broker, the real database and the real processes under load, then
+//! check PostgreSQL for exactly the expected records — each once, and `sent = rows + counted
+//! drops` where the policy allows drops.
+//!
+//! Outages last `SLUICE_FAULT_SECONDS` (default 30). Tests that stop Kafka run a private broker;
+//! the test that stops PostgreSQL cuts a proxy in front of it: the shared services keep serving
+//! the other tests.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::support::*;
+
+fn outage() -> Duration {
+    Duration::from_secs(std::env::var("SLUICE_FAULT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30))
+}
+
+/// The numbers of run `tag` stored in `logs`, with repeats.
+async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
+    let rows = db.query("SELECT payload FROM logs", &[]).await.expect("payloads");
+    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    numbers_in(tag, &payloads)
+}
+
+/// Waits until `logs` holds `n` rows, then returns the stored numbers.
+async fn wait_for_numbers(db: &tokio_postgres::Client, tag: &str, n: u64) -> Vec<u64> {
+    wait_for_rows(db, n as i64, Duration::from_secs(240)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // late duplicates would show now
+    stored_numbers(db, tag).await
+}
+
+fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
+    let expected: BTreeSet<u64> = expected.into_iter().collect();
+    let stored: BTreeSet<u64> = numbers.iter().copied().collect();
+    assert_eq!(numbers.len(), stored.len(), "duplicate rows");
+    let missing: Vec<_> = expected.difference(&stored).take(10).collect();
+    assert!(missing.is_empty(), "{} records missing, e.g. {missing:?}", expected.difference(&stored).count());
+    let unexpected: Vec<_> = stored.difference(&expected).take(10).collect();
+    assert!(unexpected.is_empty(), "unexpected records {unexpected:?}");
+}
+
+/// Agent and persister on a private broker that the test may stop.
+struct BrokerPipeline {
+    broker: PrivateBroker,
+    config: TestConfig,
+    agent: Process,
+    _persister: Process,
+    db: tokio_postgres::Client,
+    tag: String,
+}
+
+async fn broker_pipeline(configure: impl FnOnce(&mut TestConfig)) -> BrokerPipeline {
+    let services = services();
+    let broker = PrivateBroker::start().await;
+    let tag = unique("run");
+    create_topic(&broker.bootstrap, &tag, 2).await;
+    let mut config = TestConfig::new(&services, &tag);
+    config.set("kafka", "brokers", broker.bootstrap.clone()).set("ship", "delivery_timeout", "5s");
+    configure(&mut config);
+    let persister = start_persister(&config).await;
+    let agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    BrokerPipeline { broker, config, agent, _persister: persister, db, tag }
+}
+
+fn disk(config: &mut TestConfig) {
+    let spool = config.dir.path().join("spool").display().to_string();
+    config
+        .set("buffer", "type", "disk")
+        .set("buffer", "path", spool)
+        .set("buffer", "max_bytes", "2 MiB")
+        .set("buffer", "max_disk_bytes", "256 MiB")
+        .set("ingest", "max_record_size", "64 KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicates_nothing() {
+    let mut p = broker_pipeline(disk).await;
+    let load = Load::start(&p.config.socket(), &p.tag, 2000, 2);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    p.broker.stop().await;
+    tokio::time::sleep(outage()).await;
+    let during = scrape(p.config.agent_admin()).await;
+    p.broker.resume().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = load.stop().await;
+
+    if tokio::time::timeout(Duration::from_secs(120), wait_for_rows(&p.db, sent as i64, Duration::from_secs(120)))
+        .await
+        .is_err()
+        || row_count(&p.db).await < sent as i64
+    {
+        let metrics = scrape(p.config.agent_admin()).await;
+        let log = p.agent.log_text();
+        panic!(
+            "rows {} of {sent}\nmetrics:\n{}\nlog tail:\n{}",
+            row_count(&p.db).await,
+            metrics.0.lines().filter(|l| l.starts_with("sluice_")).collect::<Vec<_>>().join("\n"),
+            log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
+        );
+    }
+    let numbers = wait_for_numbers(&p.db, &p.tag, sent).await;
+    assert_each_once(&numbers, 0..sent);
+    assert!(during.count("sluice_spool_records", &[]) > 1000.0, "the spool held the outage's records");
+    let after = scrape(p.config.agent_admin()).await;
+    for reason in ["drop_newest", "drop_oldest", "block_timeout", "corrupt"] {
+        assert_eq!(after.count("sluice_buffer_records_dropped_total", &[("reason", reason)]), 0.0, "{reason}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_drop_exactly() {
+    let mut p = broker_pipeline(|config| {
+        config.set("buffer", "max_bytes", "1 MiB").set("buffer", "when_full", "drop_newest").set(
+            "ingest",
+            "max_record_size",
+            "64 KiB",
+        );
+    })
+    .await;
+    let load = Load::start(&p.config.socket(), &p.tag, 2000, 2);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    p.broker.stop().await;
+    tokio::time::sleep(outage()).await;
+    p.broker.resume().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = load.stop().await;
+
+    let admin = p.config.agent_admin();
+    let (ingested, dropped) = eventually("every record read", || async {
+        let metrics = scrape(admin).await;
+        let ingested = metrics.count("sluice_ingest_records_total", &[]);
+        (ingested as u64 == sent)
+            .then(|| (ingested, metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])))
+    })
+    .await;
+    assert!(dropped > 0.0, "a 1 MiB buffer cannot hold a {}s outage", outage().as_secs());
+    let rows = (ingested - dropped) as u64;
+    let numbers = wait_for_numbers(&p.db, &p.tag, rows).await;
+    assert_eq!(numbers.len() as u64, rows, "sent {sent} = rows {} + dropped {dropped}", numbers.len());
+    let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
+    assert_eq!(distinct.len(), numbers.len(), "duplicate rows");
+    assert!(distinct.iter().all(|n| *n < sent));
+    let failed = scrape(admin).await.count("sluice_ship_records_failed_total", &[("reason", "drain_timeout")]);
+    assert_eq!(failed, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_acknowledged_record_survives_three_agent_kills_with_a_synced_spool() {
+    let services = services();
+    let topic = unique("killed");
+    create_topic(&services.kafka, &topic, 2).await;
+    let mut config = TestConfig::new(&services, &topic);
+    disk(&mut config);
+    config.set("buffer", "fsync", "always");
+    let _persister = start_persister(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    let mut agent = start_agent(&config).await;
+    let sender = AckedSender::start(&config.socket(), &topic, 1000);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        agent.kill();
+        agent = start_agent(&config).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent = sender.sent();
+    let (acked, refused) = sender.stop(Duration::from_secs(10)).await;
+    assert!(acked.len() > 1000, "only {} of {sent} records acknowledged", acked.len());
+    assert!(refused.is_empty(), "refused {refused:?}");
+
+    let tag = topic.clone();
+    let numbers = eventually("every acknowledged record stored", || async {
+        let numbers = stored_numbers(&db, &tag).await;
+        let stored: BTreeSet<u64> = numbers.iter().copied().collect();
+        acked.is_subset(&stored).then_some(numbers)
+    })
+    .await;
+    let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
+    assert_eq!(distinct.len(), numbers.len(), "duplicate rows");
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_after_restart() {
+    let mut p = broker_pipeline(|config| {
+        disk(config);
+        config.set("agent", "drain_timeout", "2s");
+    })
+    .await;
+    let load = Load::start(&p.config.socket(), &p.tag, 1000, 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    p.broker.stop().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = load.stop().await;
+    p.agent.signal("TERM");
+    let status = p.agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}\n{}", p.agent.log_text());
+    assert!(p.agent.log_text().contains("stay in the spool for the next start"), "{}", p.agent.log_text());
+
+    p.broker.resume().await;
+    let _agent = start_agent(&p.config).await;
+    let numbers = wait_for_numbers(&p.db, &p.tag, sent).await;
+    assert_each_once(&numbers, 0..sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shipped() {
+    let services = services();
+    let topic = unique("corrupt");
+    create_topic(&services.kafka, &topic, 1).await;
+    let mut config = TestConfig::new(&services, &topic);
+    disk(&mut config);
+    config.set("buffer", "max_disk_bytes", "4 MiB");
+
+    // First run: Kafka unreachable, so everything stays in the spool.
+    let mut offline = TestConfig::new(&services, &topic);
+    offline.table = config.table.clone();
+    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port())).set("agent", "drain_timeout", "1s");
+    let path = offline.write();
+    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered(&topic, n).into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+    let admin = config.agent_admin();
+    eventually("spooled", || async { (scrape(admin).await.count("sluice_spool_records", &[]) == 300.0).then_some(()) })
+        .await;
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+
+    // Flip bytes in the middle of the first segment.
+    let spool = config.dir.path().join("spool");
+    let mut segments: Vec<_> = std::fs::read_dir(&spool)
+        .expect("spool dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    let mut data = std::fs::read(&segments[0]).expect("segment");
+    let middle = data.len() / 2;
+    for byte in &mut data[middle..middle + 16] {
+        *byte ^= 0xA5;
+    }
+    std::fs::write(&segments[0], &data).expect("write");
+
+    // Second run: starts, counts, quarantines, ships the rest.
+    let _persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    let metrics = scrape(config.agent_admin()).await;
+    let corrupt = metrics.count("sluice_buffer_records_dropped_total", &[("reason", "corrupt")]);
+    assert!(corrupt >= 1.0, "{}", metrics.0);
+    let recovered = metrics.count("sluice_spool_recovered_records_total", &[]) as i64;
+    assert!((250..300).contains(&recovered), "recovered {recovered}");
+    assert!(std::fs::read_dir(spool.join("quarantine")).expect("quarantine dir").count() >= 1);
+    wait_for_rows(&db, recovered, WAIT).await;
+    let numbers = stored_numbers(&db, &topic).await;
+    let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
+    assert_eq!(distinct.len() as i64, recovered);
+    assert!(distinct.iter().all(|n| *n < 300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps_persister_memory_bounded() {
+    let services = services();
+    let topic = unique("pgdown");
+    create_topic(&services.kafka, &topic, 2).await;
+    let mut config = TestConfig::new(&services, &topic);
+    let pg_config: tokio_postgres::Config = services.pg.parse().expect("pg url");
+    let port = pg_config.get_ports().first().copied().unwrap_or(5432);
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
+    let user = pg_config.get_user().unwrap_or("postgres");
+    let database = pg_config.get_dbname().unwrap_or("sluice");
+    config.set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address));
+    let persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+
+    let load = Load::start(&config.socket(), &topic, 2000, 2);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.cut();
+    let mut peak_rss = 0;
+    let until = tokio::time::Instant::now() + outage();
+    while tokio::time::Instant::now() < until {
+        peak_rss = peak_rss.max(rss_kib(persister.pid()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (status, _) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
+    assert_eq!(status, 503, "not ready while postgres is away");
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = load.stop().await;
+
+    let numbers = wait_for_numbers(&db, &topic, sent).await;
+    assert_each_once(&numbers, 0..sent);
+    assert!(peak_rss < 200 * 1024, "persister RSS peaked at {peak_rss} KiB during the outage");
+    let metrics = scrape(config.persist_admin()).await;
+    assert!(metrics.count("sluice_persist_write_errors_total", &[]) > 0.0);
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| line.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_one_of_three_persisters_under_load_hands_its_partitions_over_without_loss_or_duplicates() {
+    let services = services();
+    let topic = unique("group");
+    create_topic(&services.kafka, &topic, 6).await;
+    let config = TestConfig::new(&services, &topic);
+    let _first = start_persister(&config).await;
+    let mut second = start_persister(&config).await;
+    let _third = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+
+    let load = Load::start(&config.socket(), &topic, 2000, 2);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    second.kill();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let sent = load.stop().await;
+    let numbers = wait_for_numbers(&db, &topic, sent).await;
+    assert_each_once(&numbers, 0..sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() {
+    let pipeline = start_pipeline("poison", 1, |_| {}).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let lines = vec![b"before".to_vec(), b"nul \0 inside".to_vec(), b"after".to_vec()];
+    send_lines(&config.socket(), &lines).await;
+    wait_for_rows(db, 2, WAIT).await;
+    let letter = eventually("dead letter", || async {
+        db.query_one("SELECT reason, kafka_offset FROM dead_letters", &[]).await.ok()
+    })
+    .await;
+    assert_eq!(letter.get::<_, String>(0), "nul_character");
+    assert_eq!(letter.get::<_, i64>(1), 1);
+    let payloads: Vec<String> = db
+        .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads, vec!["before", "after"]);
+}
