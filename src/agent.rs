@@ -118,13 +118,14 @@ pub async fn run(
     draining.store(true, Ordering::Relaxed);
     metrics::gauge!(telemetry::READY).set(0.0);
     let deadline = Instant::now() + config.agent.drain_timeout;
-    info!(held = buffer.held_records(), deadline_seconds = config.agent.drain_timeout.as_secs_f64(), "draining");
+    info!(buffer = buffer.describe(), deadline_seconds = config.agent.drain_timeout.as_secs_f64(), "draining");
 
     let _ = listen_task.await;
     connections.close();
     let connections_done = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
     if !connections_done {
         // Readers still waiting for room give up their record, counted.
+        warn!(buffer = buffer.describe(), "connections still reading at the drain deadline");
         abandon.cancel();
     }
     // The spool writer writes what the readers accepted, then seals its segment.

@@ -368,11 +368,20 @@ impl Buffer {
 
     /// Records just written to the spool, with their positions set, join the fresh queue;
     /// `end` is the spool position after them.
+    ///
+    /// Spooled records in memory are only a shortcut (they can be read back from disk), so here
+    /// the oldest of them leave memory until a quarter of the budget is free: readers waiting for
+    /// room — which may have found nothing to evict a moment ago — get it without waiting for
+    /// Kafka.
     pub fn spooled(&self, records: impl IntoIterator<Item = Record>, end: SpoolPos) {
         let mut queues = self.lock();
         queues.fresh.extend(records);
         queues.written_end = Some(end);
         drop(queues);
+        let reserve = (self.shared.max_bytes / 4 + 64 * 1024).min(self.shared.max_bytes / 2);
+        if self.shared.bytes.available_permits() < reserve {
+            self.evict(reserve);
+        }
         self.shared.ready.notify_one();
     }
 
@@ -493,6 +502,21 @@ impl Buffer {
     /// Records accepted but not yet written to the spool (disk type).
     pub fn queued_intake(&self) -> usize {
         self.lock().intake.len()
+    }
+
+    /// A one-line picture of what the buffer holds, for logs.
+    pub fn describe(&self) -> String {
+        let queues = self.lock();
+        format!(
+            "held={} held_bytes={} intake={} retry={} fresh={} shipping_bytes={} backlog={:?}",
+            self.held_records(),
+            self.held_bytes(),
+            queues.intake.len(),
+            queues.retry.len(),
+            queues.fresh.len(),
+            self.shared.shipping.load(Ordering::Relaxed),
+            self.shared.spool.as_ref().and_then(|spool| spool.backlog()),
+        )
     }
 
     /// Records waiting in memory for the spool or the producer.

@@ -185,6 +185,24 @@ impl ShipContext {
     }
 }
 
+impl ShipContext {
+    /// A record that never reached librdkafka because the agent is stopping.
+    fn unsent(&self, in_flight: InFlight) {
+        let InFlight { lease, pos, ack, .. } = in_flight;
+        self.buffer.settled(lease.bytes());
+        match (pos, self.buffer.spool()) {
+            (Some(pos), Some(spool)) => spool.evicted(vec![(pos, ack)]),
+            _ => {
+                error!("record not handed to kafka before the drain deadline; dropped and counted");
+                metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
+                if let Some(ack) = ack {
+                    ack.refused("drain_timeout");
+                }
+            }
+        }
+    }
+}
+
 impl ProducerContext for ShipContext {
     type DeliveryOpaque = Box<InFlight>;
 
@@ -416,12 +434,17 @@ impl Shipper {
                 Ok(()) => return,
                 Err((error, returned)) => {
                     let retryable = classify(&error) == Disposition::Retry;
-                    if !retryable || stop.is_cancelled() {
-                        let reason = if retryable { "drain_timeout".to_string() } else { reason(&error) };
-                        error!(%error, reason, "record not handed to kafka; dropped and counted");
-                        let refused = if retryable { "drain_timeout" } else { give_up_reason(&error) };
+                    if retryable && stop.is_cancelled() {
+                        // Shutting down with librdkafka full: a spooled record stays owed on disk
+                        // for the next start; a memory-only one is lost and counted.
+                        producer.context().unsent(*returned.delivery_opaque);
+                        return;
+                    }
+                    if !retryable {
+                        let reason = reason(&error);
+                        error!(%error, reason, "kafka refused a record; it is dropped and counted");
                         metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
-                        producer.context().settle(*returned.delivery_opaque, Some(refused));
+                        producer.context().settle(*returned.delivery_opaque, Some(give_up_reason(&error)));
                         return;
                     }
                     // QueueFull: librdkafka holds its share of the budget; wait for reports.

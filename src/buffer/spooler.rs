@@ -97,16 +97,20 @@ impl Spooler {
             }
             let frames: Vec<(Option<bytes::Bytes>, bytes::Bytes)> =
                 records.iter().map(|r| (r.key.clone(), r.payload.clone())).collect();
-            let (positions, failure, end) = self
+            let (positions, failure, end, synced) = self
                 .blocking(move |writer| {
                     let borrowed: Vec<(Option<&[u8]>, &[u8])> =
                         frames.iter().map(|(key, payload)| (key.as_deref(), payload.as_ref())).collect();
                     let (positions, failure) = writer.append(&borrowed);
-                    (positions, failure, writer.end())
+                    // Under steady load the housekeeping tick may not get a turn: check the
+                    // interval here too.
+                    let synced = writer.sync_if_due();
+                    (positions, failure, writer.end(), synced)
                 })
                 .await;
             let written: Vec<Record> = records.drain(..positions.len()).collect();
             self.hand_on(written, positions, end);
+            self.after_sync(synced);
             if let Some(error) = failure {
                 metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "write").increment(1);
                 error!(%error, unwritten = records.len(), policy = self.when_full.as_str(), "spool write failed");
@@ -228,6 +232,10 @@ impl Spooler {
                 writer.sync_if_due()
             })
             .await;
+        self.after_sync(synced);
+    }
+
+    fn after_sync(&mut self, synced: std::io::Result<bool>) {
         match synced {
             Ok(true) => self.settle_unsynced(),
             Ok(false) => {}

@@ -277,6 +277,29 @@ mod disk {
         assert_eq!(buffer.poll_work(false), Some(Work::Memory));
     }
 
+    /// Regression: a reader found nothing to evict (everything still in the intake), waited on
+    /// the semaphore, and was never woken when those records reached the spool.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_waiting_for_room_gets_it_as_soon_as_the_intake_reaches_the_spool() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (buffer, mut writer) = disk_buffer(dir.path(), room(4, 20));
+        for _ in 0..4 {
+            push(&buffer, 20).await.expect("room");
+        }
+        let waiting = tokio::spawn({
+            let buffer = buffer.clone();
+            async move { push(&buffer, 20).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "nothing is on disk yet, so nothing can leave memory");
+        spool_intake(&buffer, &mut writer);
+        tokio::time::timeout(Duration::from_millis(100), waiting)
+            .await
+            .expect("woken by the spooled records")
+            .expect("task")
+            .expect("room");
+    }
+
     #[tokio::test]
     async fn the_backlog_cursor_clears_once_it_reaches_the_records_in_memory() {
         let dir = tempfile::tempdir().expect("tempdir");

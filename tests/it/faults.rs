@@ -63,6 +63,8 @@ async fn broker_pipeline(configure: impl FnOnce(&mut TestConfig)) -> BrokerPipel
     BrokerPipeline { broker, config, agent, _persister: persister, db, tag }
 }
 
+/// A disk buffer with the default policy (`block`, `block_timeout = "1s"`): a spool never full
+/// must never make a writer wait long enough to drop.
 fn disk(config: &mut TestConfig) {
     let spool = config.dir.path().join("spool").display().to_string();
     config
@@ -197,9 +199,20 @@ async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_aft
     assert!(status.success(), "{status:?}\n{}", p.agent.log_text());
     assert!(p.agent.log_text().contains("stay in the spool for the next start"), "{}", p.agent.log_text());
 
+    let first_log = p.agent.log_text();
     p.broker.resume().await;
-    let _agent = start_agent(&p.config).await;
-    let numbers = wait_for_numbers(&p.db, &p.tag, sent).await;
+    let second = start_agent(&p.config).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(60), wait_for_rows(&p.db, sent as i64, Duration::from_secs(60))).await;
+    let numbers = stored_numbers(&p.db, &p.tag).await;
+    let stored: BTreeSet<u64> = numbers.iter().copied().collect();
+    let missing: Vec<u64> = (0..sent).filter(|n| !stored.contains(n)).take(5).collect();
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?} of {sent}\nfirst run:\n{}\nsecond run:\n{}",
+        first_log.lines().filter(|l| !l.contains("kafka client error")).collect::<Vec<_>>().join("\n"),
+        second.log_text().lines().filter(|l| !l.contains("kafka client error")).take(30).collect::<Vec<_>>().join("\n")
+    );
     assert_each_once(&numbers, 0..sent);
 }
 
