@@ -21,8 +21,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-/// Says whether the process is ready, or why not. Must be cheap: it runs per request.
-pub type ReadinessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Says whether the process is ready (with a short status line) or why not. Must be cheap: it
+/// runs per request.
+pub type ReadinessCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// Why the admin server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +102,7 @@ fn route(request: &Request<Incoming>, metrics: &PrometheusHandle, ready: &Readin
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => match ready() {
-            Ok(()) => text(StatusCode::OK, "ready\n".into()),
+            Ok(status) => text(StatusCode::OK, format!("{status}\n")),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
         },
         _ => text(StatusCode::NOT_FOUND, "not found; try /metrics, /healthz, /readyz\n".into()),

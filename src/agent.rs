@@ -186,16 +186,24 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
     Ok((buffer, Some(writer)))
 }
 
+/// The agent's `/readyz` rule. Not ready until the socket listens and Kafka has answered once
+/// (a wrong broker address fails the rollout), and not ready while draining. A Kafka outage
+/// *after* that does not make the agent unready: a sidecar that turns unready takes its whole
+/// pod out of service, which is the coupling Sluice exists to remove. The outage shows in the
+/// body, in `sluice_kafka_reachable`, and in the buffer's depth.
 fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {
     let reachable = shipper.reachable();
+    let reached_once = shipper.reached_once();
     let draining = draining.clone();
     Arc::new(move || {
         if draining.load(Ordering::Relaxed) {
             Err("draining".into())
+        } else if !reached_once.load(Ordering::Relaxed) {
+            Err("kafka has not answered yet".into())
         } else if !reachable.load(Ordering::Relaxed) {
-            Err("kafka metadata not reachable".into())
+            Ok("ready; kafka unreachable, records are buffered".into())
         } else {
-            Ok(())
+            Ok("ready".into())
         }
     })
 }

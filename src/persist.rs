@@ -55,7 +55,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
     /// A PostgreSQL error.
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", describe_postgres(.0))]
     Postgres(#[source] tokio_postgres::Error),
     /// Connecting took longer than `postgres.connect_timeout`.
     #[error("postgres: connection attempt timed out")]
@@ -69,6 +69,37 @@ pub enum PersistError {
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] AdminError),
+}
+
+/// tokio-postgres says only "db error"; the server's message, code and constraint are what an
+/// operator needs.
+fn describe_postgres(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+            if let Some(constraint) = db.constraint() {
+                text.push_str(&format!(" (constraint {constraint})"));
+            }
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!("; {detail}"));
+            }
+            text
+        }
+        None => error.to_string(),
+    }
+}
+
+impl PersistError {
+    /// True when PostgreSQL refused the data itself (a data exception, a constraint, a value too
+    /// large): retrying the same rows cannot succeed. Connection and server errors are not.
+    pub fn is_rejected_data(&self) -> bool {
+        match self {
+            PersistError::Postgres(error) => {
+                error.code().is_some_and(|code| ["22", "23", "54"].contains(&code.code().get(..2).unwrap_or_default()))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Consumer callbacks: rebalances and commit results.
@@ -194,7 +225,7 @@ fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, drainin
         } else if assigned.load(Ordering::Relaxed) == 0 {
             Err("no partitions assigned".into())
         } else {
-            Ok(())
+            Ok("ready".into())
         }
     })
 }
@@ -329,12 +360,17 @@ async fn write_batch(
     writer: &mut Writer,
     database_ok: &AtomicBool,
     shutdown: &CancellationToken,
-    batch: Batch,
+    mut batch: Batch,
 ) -> bool {
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
-        match writer.write(&batch.rows, &batch.dead).await {
+        let mut result = writer.write(&batch.rows, &batch.dead).await;
+        if result.as_ref().is_err_and(PersistError::is_rejected_data) {
+            // PostgreSQL refuses something in this batch; find it rather than retry forever.
+            result = isolate_rejected(writer, &mut batch).await;
+        }
+        match result {
             Ok(written) => {
                 database_ok.store(true, Ordering::Relaxed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
@@ -373,6 +409,44 @@ async fn write_batch(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Writes a batch that PostgreSQL refused one row at a time; rows it refuses again become dead
+/// letters (with PostgreSQL's error), the rest are stored. Slow, and only for the rare batch
+/// with such a row.
+async fn isolate_rejected(writer: &mut Writer, batch: &mut Batch) -> Result<writer::Written, PersistError> {
+    let mut total = writer::Written::default();
+    let mut kept = Vec::with_capacity(batch.rows.len());
+    let mut pending = std::mem::take(&mut batch.rows).into_iter();
+    while let Some(row) = pending.next() {
+        match writer.write(std::slice::from_ref(&row), &[]).await {
+            Ok(written) => {
+                total.inserted += written.inserted;
+                total.duplicates += written.duplicates;
+                kept.push(row);
+            }
+            Err(error) if error.is_rejected_data() => {
+                error!(%error, offset = row.origin.offset, "postgres rejects a record; it goes to dead_letters");
+                batch.dead.push(DeadLetter {
+                    origin: row.origin.clone(),
+                    reason: "rejected_by_postgres",
+                    error: error.to_string(),
+                    payload: Some(row.payload.into_bytes()),
+                });
+            }
+            Err(error) => {
+                // Not about the data (the connection went away): the whole batch is retried.
+                kept.push(row);
+                kept.extend(pending);
+                batch.rows = kept;
+                return Err(error);
+            }
+        }
+    }
+    batch.rows = kept;
+    let letters = writer.write(&[], &batch.dead).await?;
+    total.dead_letters = letters.dead_letters;
+    Ok(total)
 }
 
 fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i32), i64>) {

@@ -253,6 +253,7 @@ pub struct Shipper {
     topic: String,
     buffer: Buffer,
     reachable: Arc<AtomicBool>,
+    reached_once: Arc<AtomicBool>,
 }
 
 /// Most backlog bytes read from the spool per batch (also bounded by an eighth of the budget).
@@ -272,6 +273,7 @@ impl Shipper {
             topic: config.kafka.topic.clone(),
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
+            reached_once: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -313,6 +315,11 @@ impl Shipper {
     /// True while the last metadata request succeeded.
     pub fn reachable(&self) -> Arc<AtomicBool> {
         self.reachable.clone()
+    }
+
+    /// True once any metadata request succeeded.
+    pub fn reached_once(&self) -> Arc<AtomicBool> {
+        self.reached_once.clone()
     }
 
     /// Moves records from the buffer into librdkafka until `stop` is cancelled. The caller
@@ -463,6 +470,9 @@ impl Shipper {
             .await
             .unwrap_or(false);
         let was = self.reachable.swap(ok, Ordering::Relaxed);
+        if ok {
+            self.reached_once.store(true, Ordering::Relaxed);
+        }
         if ok != was {
             if ok {
                 info!(topic = %self.topic, "kafka reachable");

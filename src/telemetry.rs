@@ -209,7 +209,7 @@ pub fn register_persist_series() {
     ] {
         metrics::counter!(name).increment(0);
     }
-    for reason in ["malformed_envelope", "nul_character"] {
+    for reason in ["malformed_envelope", "nul_character", "rejected_by_postgres"] {
         metrics::counter!(PERSIST_DEAD_LETTERS, REASON => reason).increment(0);
     }
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);

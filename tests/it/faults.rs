@@ -83,6 +83,8 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     p.broker.stop().await;
     tokio::time::sleep(outage()).await;
     let during = scrape(p.config.agent_admin()).await;
+    let (status, body) = http_get(p.config.agent_admin(), "/readyz").await.expect("readyz");
+    assert_eq!((status, body.trim()), (200, "ready; kafka unreachable, records are buffered"));
     p.broker.resume().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let sent = load.stop().await;
@@ -361,4 +363,33 @@ async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() 
         .map(|r| r.get(0))
         .collect();
     assert_eq!(payloads, vec!["before", "after"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours_are_stored() {
+    let pipeline = start_pipeline("rejected", 1, |config| _ = config.set("persist", "batch_max_wait", "1s")).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    // A constraint this record breaks, as a schema change by a DBA might.
+    db.batch_execute("ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (message IS DISTINCT FROM 'boom')")
+        .await
+        .expect("constraint");
+    send_lines(&config.socket(), &[b"before".to_vec(), b"boom".to_vec(), b"after".to_vec()]).await;
+    wait_for_rows(db, 2, WAIT).await;
+    let letter = eventually("dead letter", || async {
+        db.query_one("SELECT reason, error, payload FROM dead_letters", &[]).await.ok()
+    })
+    .await;
+    assert_eq!(letter.get::<_, String>(0), "rejected_by_postgres");
+    assert!(letter.get::<_, String>(1).contains("no_boom"), "{}", letter.get::<_, String>(1));
+    assert_eq!(letter.get::<_, Vec<u8>>(2), b"boom");
+    let payloads: Vec<String> = db
+        .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads, vec!["before", "after"]);
+    let metrics = scrape(config.persist_admin()).await;
+    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 1.0);
 }
