@@ -25,6 +25,8 @@ pub struct LoadSpec {
     pub rate: u64,
     /// Every n-th record is plain text, the others JSON (0: all JSON).
     pub text_every: u64,
+    /// Pad (or cut) every record to exactly this many bytes (0: natural size, ~110 bytes).
+    pub size: usize,
 }
 
 /// What was sent.
@@ -56,6 +58,31 @@ pub fn sample_record(connection: u32, index: u64, text_every: u64) -> String {
             ["info", "debug", "warn", "error"][(index % 4) as usize],
             index % 1000,
         )
+    }
+}
+
+/// Pads a record to `size` bytes (a JSON record gets a `pad` field, so it stays valid JSON), or
+/// cuts it if it is longer (it may then be a text record).
+fn fit(line: &mut String, size: usize) {
+    if line.len() >= size {
+        line.truncate(size);
+        return;
+    }
+    if line.ends_with('}') && line.len() + 10 <= size {
+        line.pop();
+        line.push_str(",\"pad\":\"");
+        let fill = size - line.len() - 2;
+        line.extend(std::iter::repeat_n('p', fill));
+        line.push_str("\"}");
+    } else if line.ends_with('}') {
+        // Too little room for a field: whitespace inside the object keeps it JSON.
+        line.pop();
+        let fill = size - line.len() - 1;
+        line.extend(std::iter::repeat_n(' ', fill));
+        line.push('}');
+    } else {
+        let fill = size - line.len();
+        line.extend(std::iter::repeat_n(' ', fill));
     }
 }
 
@@ -92,6 +119,9 @@ async fn load_connection(spec: &LoadSpec, connection: u32, records: u64, connect
             }
         }
         let mut line = sample_record(connection, index, spec.text_every);
+        if spec.size > 0 {
+            fit(&mut line, spec.size);
+        }
         line.push('\n');
         writer.write_all(line.as_bytes()).await?;
         bytes += line.len() as u64;
@@ -116,4 +146,19 @@ pub async fn send(socket: &std::path::Path, records: &[String], stdin: impl Asyn
     };
     stream.shutdown().await?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_padded_to_the_exact_size_and_stay_json() {
+        for size in [120, 256, 1024] {
+            let mut line = sample_record(1, 2, 0);
+            fit(&mut line, size);
+            assert_eq!(line.len(), size);
+            assert!(crate::envelope::is_json_object(&line), "{line}");
+        }
+    }
 }

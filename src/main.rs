@@ -70,6 +70,9 @@ enum Command {
         /// Every n-th record is plain text, the others JSON; 0 means all JSON.
         #[arg(long, default_value_t = 5)]
         text_every: u64,
+        /// Pad every record to this many bytes; 0 keeps their natural size (~110 bytes).
+        #[arg(long, default_value_t = 0)]
+        size: usize,
     },
 }
 
@@ -87,8 +90,8 @@ fn main() -> ExitCode {
                     .with_context(|| format!("sending to {}", socket.display()))
             })
         })),
-        Command::Loadgen { socket, records, connections, rate, text_every } => {
-            let spec = client::LoadSpec { socket, records, connections, rate, text_every };
+        Command::Loadgen { socket, records, connections, rate, text_every, size } => {
+            let spec = client::LoadSpec { socket, records, connections, rate, text_every, size };
             report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
         }
     }

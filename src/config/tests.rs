@@ -18,7 +18,8 @@ fn an_empty_file_gives_the_documented_defaults() {
 
 #[test]
 fn the_example_configs_in_the_repository_are_valid() {
-    for file in ["config/agent.toml", "config/persist.toml", "config/demo.toml"] {
+    for file in ["config/agent.toml", "config/persist.toml", "config/demo.toml", "config/examples/agent-disk-sasl.toml"]
+    {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         Config::load(&path).unwrap_or_else(|error| panic!("{file}: {error}"));
     }
@@ -111,4 +112,27 @@ fn the_redacted_output_is_itself_a_valid_config() {
     let config = Config::from_toml("[buffer]\nmax_bytes = \"16 MiB\"\n").expect("valid");
     let again = Config::from_toml(&config.to_redacted_toml()).expect("round trip");
     assert_eq!(again, config);
+}
+
+#[test]
+fn disk_buffer_keys_read_as_documented() {
+    let config = Config::from_toml(
+        "[buffer]\ntype = \"disk\"\npath = \"/tmp/spool\"\nfsync = \"10ms\"\nblock_timeout = \"forever\"\nwhen_full = \"drop_oldest\"\n",
+    )
+    .expect("valid");
+    assert_eq!(config.buffer.kind, BufferKind::Disk);
+    assert_eq!(config.buffer.fsync, FsyncPolicy::Interval(Duration::from_millis(10)));
+    assert_eq!(config.buffer.block_timeout, None);
+    assert_eq!(config.buffer.when_full, WhenFull::DropOldest);
+    assert_eq!(config.ack_point(), crate::buffer::ack::AckPoint::Spooled);
+    let shown = config.to_redacted_toml();
+    assert!(shown.contains("fsync = \"10ms\"") && shown.contains("block_timeout = \"forever\""), "{shown}");
+}
+
+#[test]
+fn spooled_acknowledgements_need_a_disk_buffer() {
+    assert_eq!(invalid_key("[ingest]\nack_point = \"spooled\"\n"), "ingest.ack_point");
+    assert_eq!(invalid_key("[buffer]\nfsync = \"0ms\"\n"), "buffer.fsync");
+    assert_eq!(invalid_key("[buffer]\ntype = \"disk\"\nmax_disk_bytes = \"100 KiB\"\n"), "buffer.max_disk_bytes");
+    assert!(Config::from_toml("[buffer]\nfsync = \"sometimes\"\n").is_err());
 }
