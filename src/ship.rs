@@ -34,7 +34,7 @@ use tracing::{error, info, warn};
 use crate::buffer::ack::{Ack, AckPoint};
 use crate::buffer::spool::{SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, Lease, Record, Work};
-use crate::config::{BufferKind, Config};
+use crate::config::Config;
 use crate::telemetry;
 
 #[cfg(test)]
@@ -113,10 +113,10 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         client.set(key, value);
     }
     // librdkafka's queue holds a subset of the buffer's records (each keeps its lease while
-    // there), so sizing it from the same budget means it can never be the one that is full.
-    // With a disk buffer it gets half, so that spooled records can always be evicted to make
-    // room for new ones while the other half waits at Kafka.
-    let share = if config.buffer.kind == BufferKind::Disk { 2 } else { 1 };
+    // there), so it is sized from the same budget. It gets a quarter: records in flight exist
+    // twice inside librdkafka (the message and the request being built and compressed), so a
+    // larger share costs memory without adding throughput (measured: docs/PERFORMANCE.md).
+    let share = 4;
     let kbytes = (buffer.max_bytes() / share).div_ceil(1024) + 1;
     client
         .set("bootstrap.servers", &config.kafka.brokers)

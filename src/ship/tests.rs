@@ -33,8 +33,8 @@ fn librdkafka_queue_limits_follow_the_buffer_budget() {
     let config = Config::from_toml("[buffer]\nmax_bytes = \"8 MiB\"\nmax_records = 5000\n").expect("valid");
     let buffer = Buffer::new(&config.buffer);
     let client = producer_config(&config, &buffer);
-    assert_eq!(client.get("queue.buffering.max.kbytes"), Some("8193"));
-    assert_eq!(client.get("queue.buffering.max.messages"), Some("5001"));
+    assert_eq!(client.get("queue.buffering.max.kbytes"), Some("2049"));
+    assert_eq!(client.get("queue.buffering.max.messages"), Some("1251"));
     assert_eq!(client.get("acks"), Some("all"));
     assert_eq!(client.get("enable.idempotence"), Some("true"));
 }
