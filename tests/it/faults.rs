@@ -393,3 +393,58 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
     let metrics = scrape(config.persist_admin()).await;
     assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 1.0);
 }
+
+/// An agent whose Kafka never answers, with a 1 MiB spool: only the cap's policy decides.
+async fn full_spool(when_full: &str) -> (TestConfig, Process) {
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("full"));
+    disk(&mut config);
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_disk_bytes", "1 MiB")
+        .set("buffer", "max_bytes", "256 KiB")
+        .set("buffer", "when_full", when_full)
+        .set("ingest", "max_record_size", "8 KiB")
+        .set("agent", "drain_timeout", "1s");
+    let path = config.write();
+    let agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    (config, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_record() {
+    let (config, _agent) = full_spool("drop_newest").await;
+    let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("full", n).into_bytes()).collect();
+    within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
+    let admin = config.agent_admin();
+    let metrics = eventually("all records accounted", || async {
+        let metrics = scrape(admin).await;
+        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
+            && metrics.count("sluice_spool_records", &[])
+                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
+                == 20_000.0)
+            .then_some(metrics)
+    })
+    .await;
+    let spooled = metrics.count("sluice_spool_records", &[]);
+    assert!(spooled > 1000.0 && spooled < 20_000.0, "spooled {spooled}");
+    assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segments() {
+    let (config, _agent) = full_spool("drop_oldest").await;
+    let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("full", n).into_bytes()).collect();
+    within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
+    let admin = config.agent_admin();
+    let metrics = eventually("oldest dropped", || async {
+        let metrics = scrape(admin).await;
+        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
+            && metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_oldest")]) > 0.0)
+            .then_some(metrics)
+    })
+    .await;
+    assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
+    assert_eq!(metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]), 0.0);
+}
