@@ -53,6 +53,13 @@ mod tests;
 /// just payload bytes (measured: see `docs/PERFORMANCE.md`).
 pub const RECORD_OVERHEAD: usize = 320;
 
+/// `buffer.max_bytes` is split: `1/LIBRDKAFKA_SHARE` for librdkafka's queue, the rest for the
+/// leases. A record in flight holds a lease for its first copy (the message librdkafka keeps)
+/// while librdkafka builds and compresses a request from it — a second copy bounded by its queue
+/// limit. So leases + librdkafka's queue stay within `buffer.max_bytes`, and peak RSS within
+/// `buffer.max_bytes` plus a constant (docs/PERFORMANCE.md).
+pub const LIBRDKAFKA_SHARE: usize = 5;
+
 /// A record between socket and Kafka acknowledgement.
 #[derive(Debug)]
 pub struct Record {
@@ -185,7 +192,10 @@ impl Buffer {
     }
 
     fn build(config: &BufferConfig, spool: Option<Arc<Spool>>) -> Self {
-        let max_bytes = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
+        let budget = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
+        // A fifth of the budget is kept for librdkafka's own copy of what is in flight (see
+        // `LIBRDKAFKA_SHARE`); leases cover the rest.
+        let max_bytes = budget - budget / LIBRDKAFKA_SHARE;
         let max_records = config.max_records as usize;
         metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(max_bytes as f64);
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(max_records as f64);

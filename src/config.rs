@@ -199,8 +199,9 @@ pub struct BufferConfig {
     /// restart until Kafka acknowledges it. Default `"memory"`.
     #[serde(rename = "type")]
     pub kind: BufferKind,
-    /// Memory budget for records between the socket and a Kafka acknowledgement: queued, in
-    /// librdkafka's queue, and read back from the spool. Each record is charged its size plus
+    /// Memory budget for records between the socket and a Kafka acknowledgement: a fifth is
+    /// librdkafka's queue ([`crate::buffer::LIBRDKAFKA_SHARE`]), the rest holds records — queued,
+    /// in flight, read back from the spool — each charged its size plus
     /// [`crate::buffer::RECORD_OVERHEAD`]. Default `64 MiB`.
     pub max_bytes: ByteSize,
     /// Most records held in memory, for the same span. Default `200000`.

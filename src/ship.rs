@@ -33,7 +33,7 @@ use tracing::{error, info, warn};
 
 use crate::buffer::ack::{Ack, AckPoint};
 use crate::buffer::spool::{SpoolPos, SpoolReader};
-use crate::buffer::{Buffer, Lease, Record, Work};
+use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
 use crate::config::Config;
 use crate::telemetry;
 
@@ -113,11 +113,10 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         client.set(key, value);
     }
     // librdkafka's queue holds a subset of the buffer's records (each keeps its lease while
-    // there), so it is sized from the same budget. It gets a quarter: records in flight exist
-    // twice inside librdkafka (the message and the request being built and compressed), so a
-    // larger share costs memory without adding throughput (measured: docs/PERFORMANCE.md).
-    let share = 4;
-    let kbytes = (buffer.max_bytes() / share).div_ceil(1024) + 1;
+    // there); its limit is the share of `buffer.max_bytes` set aside for librdkafka's second copy
+    // of them (`LIBRDKAFKA_SHARE`). A larger queue costs memory without adding throughput
+    // (measured: docs/PERFORMANCE.md).
+    let kbytes = (config.buffer.max_bytes.as_u64() as usize / LIBRDKAFKA_SHARE).div_ceil(1024) + 1;
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-agent")
@@ -128,7 +127,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("batch.size", config.ship.batch_size.as_u64().to_string())
         .set("message.timeout.ms", config.ship.delivery_timeout.as_millis().to_string())
         .set("queue.buffering.max.kbytes", kbytes.to_string())
-        .set("queue.buffering.max.messages", (buffer.max_records() / share + 1).to_string());
+        .set("queue.buffering.max.messages", (buffer.max_records() / LIBRDKAFKA_SHARE + 1).to_string());
     client
 }
 

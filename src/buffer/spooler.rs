@@ -148,8 +148,23 @@ impl Spooler {
             }
             match self.when_full {
                 WhenFull::DropNewest => {
-                    self.abandon(std::mem::take(records), "drop_newest");
-                    return false;
+                    // Keep the oldest records that fit; only the newest ones are dropped.
+                    let spool = self.buffer.spool().expect("spool");
+                    let mut room = spool.max_bytes().saturating_sub(spool.disk_bytes());
+                    // A segment roll on the way adds a header.
+                    room = room.saturating_sub(super::segment::HEADER.len() as u64 * 2);
+                    let mut keep = 0;
+                    for record in records.iter() {
+                        let len = super::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
+                        if len > room {
+                            break;
+                        }
+                        room -= len;
+                        keep += 1;
+                    }
+                    let newest = records.split_off(keep);
+                    self.abandon(newest, "drop_newest");
+                    return !records.is_empty();
                 }
                 WhenFull::DropOldest => {
                     if !self.drop_oldest_segment().await {

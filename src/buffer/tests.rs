@@ -4,9 +4,11 @@ use bytesize::ByteSize;
 
 use super::*;
 
-/// Budget for `n` records of `len` bytes each.
+/// `buffer.max_bytes` for leases covering exactly `n` records of `len` bytes each (a fifth of
+/// the configured budget is librdkafka's).
 fn room(n: usize, len: usize) -> u64 {
-    (n * (len + RECORD_OVERHEAD)) as u64
+    let leases = n * (len + RECORD_OVERHEAD);
+    (leases * LIBRDKAFKA_SHARE).div_ceil(LIBRDKAFKA_SHARE - 1) as u64
 }
 
 fn config(max_bytes: u64, max_records: u32, when_full: WhenFull) -> BufferConfig {

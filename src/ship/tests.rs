@@ -33,8 +33,10 @@ fn librdkafka_queue_limits_follow_the_buffer_budget() {
     let config = Config::from_toml("[buffer]\nmax_bytes = \"8 MiB\"\nmax_records = 5000\n").expect("valid");
     let buffer = Buffer::new(&config.buffer);
     let client = producer_config(&config, &buffer);
-    assert_eq!(client.get("queue.buffering.max.kbytes"), Some("2049"));
-    assert_eq!(client.get("queue.buffering.max.messages"), Some("1251"));
+    // 8 MiB / 5, and 5000 / 5.
+    assert_eq!(client.get("queue.buffering.max.kbytes"), Some("1640"));
+    assert_eq!(client.get("queue.buffering.max.messages"), Some("1001"));
+    assert_eq!(buffer.max_bytes(), 8 * 1024 * 1024 - 8 * 1024 * 1024 / 5, "leases get the rest");
     assert_eq!(client.get("acks"), Some("all"));
     assert_eq!(client.get("enable.idempotence"), Some("true"));
 }

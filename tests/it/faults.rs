@@ -427,8 +427,10 @@ async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_rec
             .then_some(metrics)
     })
     .await;
+    // About 330 bytes a frame: a 1 MiB spool holds some 3,000 of them, minus what a partly filled
+    // last segment wastes. Regression: a batch that did not fit whole was dropped whole.
     let spooled = metrics.count("sluice_spool_records", &[]);
-    assert!(spooled > 1000.0 && spooled < 20_000.0, "spooled {spooled}");
+    assert!(spooled > 2500.0 && spooled < 20_000.0, "spooled {spooled}");
     assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
 }
 
