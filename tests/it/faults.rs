@@ -450,3 +450,64 @@ async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segme
     assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
     assert_eq!(metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]), 0.0);
 }
+
+/// A tiny tmpfs, unmounted when dropped.
+struct TinyFilesystem {
+    path: std::path::PathBuf,
+}
+
+impl TinyFilesystem {
+    fn mount(path: std::path::PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&path).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "this test mounts a tmpfs to fill a disk for real; it needs root");
+        Self { path }
+    }
+}
+
+impl Drop for TinyFilesystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_the_agent() {
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("enospc"));
+    disk(&mut config);
+    let filesystem = TinyFilesystem::mount(config.dir.path().join("spool"), "1m");
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
+        .set("buffer", "max_bytes", "256 KiB")
+        .set("buffer", "when_full", "drop_newest")
+        .set("ingest", "max_record_size", "8 KiB")
+        .set("agent", "drain_timeout", "1s");
+    let path = config.write();
+    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("enospc", n).into_bytes()).collect();
+    within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
+    let admin = config.agent_admin();
+    let metrics = eventually("all records accounted", || async {
+        let metrics = scrape(admin).await;
+        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
+            && metrics.count("sluice_spool_records", &[])
+                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
+                == 20_000.0)
+            .then_some(metrics)
+    })
+    .await;
+    assert!(metrics.count("sluice_spool_errors_total", &[("op", "write")]) >= 1.0, "{}", metrics.0);
+    assert!(metrics.count("sluice_spool_records", &[]) > 1000.0);
+    assert!(agent.running(), "a full disk must not stop the agent");
+    assert_eq!(http_get(admin, "/healthz").await.expect("healthz").0, 200);
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+    drop(filesystem);
+}
