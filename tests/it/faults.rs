@@ -402,7 +402,8 @@ async fn full_spool(when_full: &str) -> (TestConfig, Process) {
     config
         .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
         .set("buffer", "max_disk_bytes", "1 MiB")
-        .set("buffer", "max_bytes", "256 KiB")
+        // More memory than disk: whatever the spool writer's pace, the cap is what fills first.
+        .set("buffer", "max_bytes", "8 MiB")
         .set("buffer", "when_full", when_full)
         .set("ingest", "max_record_size", "8 KiB")
         .set("agent", "drain_timeout", "1s");
@@ -484,7 +485,7 @@ async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_th
     config
         .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
         .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
-        .set("buffer", "max_bytes", "256 KiB")
+        .set("buffer", "max_bytes", "8 MiB") // more memory than disk, so the disk fills first
         .set("buffer", "when_full", "drop_newest")
         .set("ingest", "max_record_size", "8 KiB")
         .set("agent", "drain_timeout", "1s");
