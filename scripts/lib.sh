@@ -21,6 +21,13 @@ die() { log "error: $*"; exit 1; }
 # Run a command as root: directly when we are root, through sudo otherwise.
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# Installs Debian packages (the only way the scripts install system software).
+apt_install() {
+  log "installing Debian packages: $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 # True when something accepts TCP connections on 127.0.0.1:$1.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -73,6 +73,8 @@ pub struct Record {
     pub retries: u32,
     /// Where it is in the spool (disk type, once written).
     pub pos: Option<SpoolPos>,
+    /// When the agent read it (Unix ms): for the oldest-record age and delivery latency.
+    pub ingest_ms: u64,
     /// Its writer's claim to hear when it is safe (acknowledged mode).
     pub ack: Option<Ack>,
 }
@@ -176,6 +178,41 @@ struct Shared {
     /// most half the budget; the other half is always free for new records to pass through on
     /// their way to disk.
     shipping: AtomicUsize,
+    /// Memory type: ingest times of held records, for the oldest-record age (the disk type asks
+    /// its spool).
+    ages: Ages,
+}
+
+/// Counts of held records per second of ingest time: the oldest non-empty second is the age of
+/// the oldest held record. Two map operations per record, under a lock of its own.
+#[derive(Default)]
+struct Ages {
+    seconds: Mutex<std::collections::BTreeMap<u64, u64>>,
+}
+
+impl Ages {
+    fn held(&self, ingest_ms: u64) {
+        *self.lock().entry(ingest_ms / 1000).or_default() += 1;
+    }
+
+    fn released(&self, ingest_ms: u64) {
+        let mut seconds = self.lock();
+        let second = ingest_ms / 1000;
+        if let Some(count) = seconds.get_mut(&second) {
+            *count -= 1;
+            if *count == 0 {
+                seconds.remove(&second);
+            }
+        }
+    }
+
+    fn oldest_ms(&self) -> Option<u64> {
+        self.lock().keys().next().map(|second| second * 1000)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, std::collections::BTreeMap<u64, u64>> {
+        self.seconds.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl Buffer {
@@ -215,6 +252,7 @@ impl Buffer {
                 block_timeout: config.block_timeout,
                 spool,
                 shipping: AtomicUsize::new(0),
+                ages: Ages::default(),
             }),
         }
     }
@@ -238,6 +276,7 @@ impl Buffer {
         &self,
         payload: Bytes,
         key: Option<Bytes>,
+        ingest_ms: u64,
         mut ack: Option<Ack>,
         admission: &mut Admission,
     ) -> Result<(), Dropped> {
@@ -252,7 +291,10 @@ impl Buffer {
                 return Err(Dropped::Full(reason));
             }
         };
-        let record = Record { payload, key, lease, retries: 0, pos: None, ack };
+        let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack };
+        if self.shared.spool.is_none() {
+            self.shared.ages.held(ingest_ms);
+        }
         if self.shared.spool.is_some() {
             self.lock().intake.push_back(record);
             self.shared.intake_ready.notify_one();
@@ -346,6 +388,7 @@ impl Buffer {
                 metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
                     .increment(count as u64);
                 for mut record in evicted {
+                    self.shared.ages.released(record.ingest_ms);
                     record.refuse("drop_oldest");
                 }
             }
@@ -452,7 +495,10 @@ impl Buffer {
     }
 
     /// A record handed to the shipper is settled (delivered or given up): its share returns.
-    pub fn settled(&self, bytes: usize) {
+    pub fn settled(&self, bytes: usize, ingest_ms: u64) {
+        if self.shared.spool.is_none() {
+            self.shared.ages.released(ingest_ms);
+        }
         self.shared.shipping.fetch_sub(bytes, Ordering::Relaxed);
         if self.shared.spool.is_some() {
             self.shared.ready.notify_one();
@@ -545,10 +591,22 @@ impl Buffer {
         self.shared.max_records
     }
 
+    /// Ingest time (Unix ms) of the oldest record not yet acknowledged by Kafka.
+    pub fn oldest_undelivered_ms(&self) -> Option<u64> {
+        match &self.shared.spool {
+            Some(spool) => spool.oldest_undelivered_ms(),
+            None => self.shared.ages.oldest_ms(),
+        }
+    }
+
     /// Publishes depth gauges. Called on a timer, not per record.
     pub fn report(&self) {
         metrics::gauge!(telemetry::BUFFER_RECORDS).set(self.held_records() as f64);
         metrics::gauge!(telemetry::BUFFER_BYTES).set(self.held_bytes() as f64);
+        let age = self.oldest_undelivered_ms().map_or(0.0, |oldest| {
+            (chrono::Utc::now().timestamp_millis() as u64).saturating_sub(oldest) as f64 / 1000.0
+        });
+        metrics::gauge!(telemetry::BUFFER_OLDEST_AGE).set(age);
         if let Some(spool) = &self.shared.spool {
             metrics::gauge!(telemetry::SPOOL_BYTES).set(spool.disk_bytes() as f64);
             metrics::gauge!(telemetry::SPOOL_CAPACITY_BYTES).set(spool.max_bytes() as f64);

@@ -127,7 +127,10 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
     telemetry::init_logging(&config.log);
     let outcome = runtime().and_then(|rt| {
         rt.block_on(async {
-            let metrics = telemetry::install_recorder()?;
+            let metrics = telemetry::install_recorder(match role {
+                Role::Agent => "agent",
+                Role::Persist => "persist",
+            })?;
             let shutdown = Shutdown::install().context("cannot install signal handlers")?;
             let work = async {
                 match role {

@@ -102,12 +102,59 @@ impl PersistError {
     }
 }
 
-/// Consumer callbacks: rebalances and commit results.
+/// Consumer callbacks: rebalances, commit results and statistics.
 struct PersistContext {
     assigned: Arc<AtomicUsize>,
+    topic: String,
+    lag: Arc<LagClock>,
+    errors: telemetry::librdkafka::ErrorTotals,
+}
+
+/// The ingest time of the last persisted record per partition, for the lag in seconds.
+#[derive(Default)]
+struct LagClock {
+    last_ingest_ms: std::sync::Mutex<BTreeMap<i32, i64>>,
+    /// Partitions whose lag was reported, so a revoked one is reset to 0.
+    reported: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+}
+
+impl LagClock {
+    fn persisted(&self, rows: &[Row]) {
+        let mut last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for row in rows {
+            let ms = row.ingest_time.timestamp_millis();
+            let entry = last.entry(row.origin.partition).or_insert(ms);
+            *entry = (*entry).max(ms);
+        }
+    }
+
+    fn report(&self, lag: &std::collections::HashMap<i32, i64>) {
+        let now = chrono::Utc::now().timestamp_millis();
+        let last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut reported = self.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (partition, records) in lag {
+            let label = partition.to_string();
+            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, "partition" => label.clone()).set(*records as f64);
+            let seconds = match (records, last.get(partition)) {
+                (0, _) | (_, None) => 0.0,
+                (_, Some(ms)) => (now - ms).max(0) as f64 / 1000.0,
+            };
+            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => label).set(seconds);
+            reported.insert(*partition);
+        }
+        for partition in reported.iter().filter(|partition| !lag.contains_key(partition)) {
+            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, "partition" => partition.to_string()).set(0.0);
+            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => partition.to_string()).set(0.0);
+        }
+    }
 }
 
 impl ClientContext for PersistContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::librdkafka::record(&statistics, &self.errors);
+        self.lag.report(&telemetry::librdkafka::consumer_lag(&statistics, &self.topic));
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         warn!(%error, reason, "kafka client error");
     }
@@ -149,6 +196,7 @@ fn consumer_config(config: &Config) -> ClientConfig {
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-persist")
+        .set("statistics.interval.ms", crate::ship::STATISTICS_INTERVAL_MS)
         .set("group.id", &config.persist.group_id)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
@@ -183,13 +231,20 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
         let Some(mut writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
             return Ok(());
         };
-        let consumer: Arc<PersistConsumer> =
-            Arc::new(consumer_config(&config).create_with_context(PersistContext { assigned: assigned.clone() })?);
+        let lag = Arc::new(LagClock::default());
+        let context = PersistContext {
+            assigned: assigned.clone(),
+            topic: config.kafka.topic.clone(),
+            lag: lag.clone(),
+            errors: telemetry::librdkafka::ErrorTotals::default(),
+        };
+        let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
         let maintenance = tokio::spawn(maintain(config.clone(), shutdown.clone()));
         let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
-        consume(&config, &consumer, &mut writer, &database_ok, &shutdown).await;
+        let run = Run { config: &config, consumer: &consumer, database_ok: &database_ok, lag: &lag };
+        consume(&run, &mut writer, &shutdown).await;
         draining.store(true, Ordering::Relaxed);
         let committer = consumer.clone();
         match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
@@ -291,13 +346,16 @@ impl Batch {
     }
 }
 
-async fn consume(
-    config: &Config,
-    consumer: &PersistConsumer,
-    writer: &mut Writer,
-    database_ok: &AtomicBool,
-    shutdown: &CancellationToken,
-) {
+/// What the consume loop and the batch writer share for one run.
+struct Run<'a> {
+    config: &'a Config,
+    consumer: &'a PersistConsumer,
+    database_ok: &'a AtomicBool,
+    lag: &'a LagClock,
+}
+
+async fn consume(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken) {
+    let Run { config, consumer, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batch = Batch::default();
     loop {
@@ -329,7 +387,7 @@ async fn consume(
         }
         if batch.len() > 0 {
             let full = std::mem::take(&mut batch);
-            if !write_batch(config, consumer, writer, database_ok, shutdown, full).await {
+            if !write_batch(run, writer, shutdown, full).await {
                 break;
             }
         }
@@ -339,7 +397,7 @@ async fn consume(
         let deadline = tokio::time::sleep(config.persist.drain_timeout);
         let never = CancellationToken::new();
         tokio::select! {
-            _ = write_batch(config, consumer, writer, database_ok, &never, batch) => {}
+            _ = write_batch(run, writer, &never, batch) => {}
             _ = deadline => warn!("drain deadline passed before the last batch was written; it will be re-read"),
         }
     }
@@ -354,14 +412,8 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 /// Writes a batch, retrying until it commits; then stores its offsets. Returns false if
 /// shutdown interrupted the retries (the batch's offsets are not stored: it will be re-read).
-async fn write_batch(
-    config: &Config,
-    consumer: &PersistConsumer,
-    writer: &mut Writer,
-    database_ok: &AtomicBool,
-    shutdown: &CancellationToken,
-    mut batch: Batch,
-) -> bool {
+async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken, mut batch: Batch) -> bool {
+    let Run { config, consumer, database_ok, lag } = *run;
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
@@ -384,6 +436,7 @@ async fn write_batch(
                         reason = letter.reason, "message kept in dead_letters"
                     );
                 }
+                lag.persisted(&batch.rows);
                 store_offsets(consumer, &batch.next_offsets);
                 return true;
             }

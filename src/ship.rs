@@ -40,6 +40,9 @@ use crate::telemetry;
 #[cfg(test)]
 mod tests;
 
+/// How often librdkafka reports its statistics (mapped to `sluice_kafka_*` metrics).
+pub const STATISTICS_INTERVAL_MS: &str = "5000";
+
 /// Most records moved from the buffer to librdkafka per wake-up.
 const SEND_BATCH: usize = 512;
 
@@ -120,6 +123,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-agent")
+        .set("statistics.interval.ms", STATISTICS_INTERVAL_MS)
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("compression.type", &config.ship.compression)
@@ -137,11 +141,17 @@ pub struct ShipContext {
     delivered: Counter,
     delivered_bytes: Counter,
     retried: Counter,
+    latency: metrics::Histogram,
+    errors: Arc<telemetry::librdkafka::ErrorTotals>,
     /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
     fatal: Arc<AtomicBool>,
 }
 
 impl ClientContext for ShipContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::librdkafka::record(&statistics, &self.errors);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
             error!(%error, reason, "kafka producer reported a fatal error; it will be replaced");
@@ -157,14 +167,15 @@ pub struct InFlight {
     lease: Lease,
     retries: u32,
     pos: Option<SpoolPos>,
+    ingest_ms: u64,
     ack: Option<Ack>,
 }
 
 impl ShipContext {
     /// The record is stored in Kafka, or given up for good: release it everywhere.
     fn settle(&self, in_flight: InFlight, refused: Option<&'static str>) {
-        let InFlight { lease, pos, mut ack, .. } = in_flight;
-        self.buffer.settled(lease.bytes());
+        let InFlight { lease, pos, mut ack, ingest_ms, .. } = in_flight;
+        self.buffer.settled(lease.bytes(), ingest_ms);
         if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
             let (deletable, parked) = spool.done(pos);
             ack = ack.or(parked);
@@ -187,8 +198,8 @@ impl ShipContext {
 impl ShipContext {
     /// A record that never reached librdkafka because the agent is stopping.
     fn unsent(&self, in_flight: InFlight) {
-        let InFlight { lease, pos, ack, .. } = in_flight;
-        self.buffer.settled(lease.bytes());
+        let InFlight { lease, pos, ack, ingest_ms, .. } = in_flight;
+        self.buffer.settled(lease.bytes(), ingest_ms);
         match (pos, self.buffer.spool()) {
             (Some(pos), Some(spool)) => spool.evicted(vec![(pos, ack)]),
             _ => {
@@ -211,6 +222,8 @@ impl ProducerContext for ShipContext {
             Ok(message) => {
                 self.delivered.increment(1);
                 self.delivered_bytes.increment(message.payload_len() as u64);
+                let latency_ms = (chrono::Utc::now().timestamp_millis() as u64).saturating_sub(in_flight.ingest_ms);
+                self.latency.record(latency_ms as f64 / 1000.0);
                 self.settle(*in_flight, None);
             }
             Err((error, message)) => {
@@ -221,13 +234,14 @@ impl ProducerContext for ShipContext {
                         // librdkafka hands back the payload, so the buffer need not keep a copy
                         // of records in flight.
                         self.retried.increment(1);
-                        let InFlight { lease, retries, pos, ack } = *in_flight;
+                        let InFlight { lease, retries, pos, ingest_ms, ack } = *in_flight;
                         self.buffer.requeue(Record {
                             payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
                             key: message.key().map(Bytes::copy_from_slice),
                             lease,
                             retries: retries.saturating_add(1),
                             pos,
+                            ingest_ms,
                             ack,
                         });
                     }
@@ -282,6 +296,8 @@ impl Shipper {
             delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
             delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
+            latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
+            errors: Arc::default(),
             fatal: fatal.clone(),
         };
         Ok(client.create_with_context(context)?)
@@ -420,6 +436,7 @@ impl Shipper {
                 lease,
                 retries: 0,
                 pos: Some(record.pos),
+                ingest_ms: record.ingest_ms,
                 ack: None,
             };
             self.send(record, stop).await;
@@ -428,9 +445,9 @@ impl Shipper {
     }
 
     async fn send(&self, record: Record, stop: &CancellationToken) {
-        let Record { payload, key, lease, retries, pos, ack } = record;
+        let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
         let producer = self.producer();
-        let in_flight = Box::new(InFlight { lease, retries, pos, ack });
+        let in_flight = Box::new(InFlight { lease, retries, pos, ingest_ms, ack });
         let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);

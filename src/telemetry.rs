@@ -11,6 +11,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::config::{LogConfig, LogFormat};
 
+pub mod librdkafka;
+
 /// Label key for the cause of a rejection, drop or failure.
 pub const REASON: &str = "reason";
 
@@ -35,6 +37,9 @@ pub const BUFFER_BYTES: &str = "sluice_buffer_bytes";
 pub const BUFFER_CAPACITY_BYTES: &str = "sluice_buffer_capacity_bytes";
 /// Configured record capacity (`buffer.max_records`).
 pub const BUFFER_CAPACITY_RECORDS: &str = "sluice_buffer_capacity_records";
+/// Age of the oldest record not yet acknowledged by Kafka (0 when none is held). With a disk
+/// buffer, to the resolution of one spool segment.
+pub const BUFFER_OLDEST_AGE: &str = "sluice_buffer_oldest_record_age_seconds";
 /// Records dropped by the full-buffer policy, `reason` = the `when_full` value.
 pub const BUFFER_DROPPED: &str = "sluice_buffer_records_dropped_total";
 
@@ -57,6 +62,8 @@ pub const SHIP_DELIVERED: &str = "sluice_ship_records_delivered_total";
 pub const SHIP_DELIVERED_BYTES: &str = "sluice_ship_bytes_delivered_total";
 /// Failed delivery reports, retried or not, by `reason` (librdkafka's error name).
 pub const SHIP_DELIVERY_ERRORS: &str = "sluice_ship_delivery_errors_total";
+/// Time from ingest to Kafka's acknowledgement, per record.
+pub const SHIP_DELIVERY_LATENCY: &str = "sluice_ship_delivery_latency_seconds";
 /// Records put back into the buffer after a retryable delivery failure.
 pub const SHIP_RETRIED: &str = "sluice_ship_records_retried_total";
 /// Records given up: a non-retryable Kafka error, or still undelivered at the drain deadline.
@@ -85,11 +92,16 @@ pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
 /// Partitions currently assigned to this persister.
 pub const PERSIST_ASSIGNED_PARTITIONS: &str = "sluice_persist_assigned_partitions";
+/// Records in the topic not yet persisted, per `partition` (from librdkafka's statistics).
+pub const PERSIST_LAG_RECORDS: &str = "sluice_persist_lag_records";
+/// While a partition lags: now minus the ingest time of its last persisted record; 0 otherwise.
+pub const PERSIST_LAG_SECONDS: &str = "sluice_persist_lag_seconds";
 /// Consumer group rebalances seen.
 pub const PERSIST_REBALANCES: &str = "sluice_persist_rebalances_total";
 
 // ---- both
-/// Always 1; `version` label says which build runs.
+/// Always 1; `version` and `git_sha` say which build runs, `role` (`agent`, `persist`) which
+/// process — alert rules join on it.
 pub const BUILD_INFO: &str = "sluice_build_info";
 /// 1 while the process reports ready on `/readyz`.
 pub const READY: &str = "sluice_ready";
@@ -123,7 +135,7 @@ pub struct RecorderError(String);
 
 /// Installs the process-wide Prometheus recorder and describes every metric. Call once, from
 /// `main`; the returned handle renders the text the admin server serves.
-pub fn install_recorder() -> Result<PrometheusHandle, RecorderError> {
+pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, RecorderError> {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
@@ -134,7 +146,13 @@ pub fn install_recorder() -> Result<PrometheusHandle, RecorderError> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|error| RecorderError(error.to_string()))?;
     describe_all();
-    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!(
+        BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "git_sha" => env!("SLUICE_GIT_SHA"),
+        "role" => role
+    )
+    .set(1.0);
     Ok(handle)
 }
 
@@ -149,6 +167,8 @@ fn describe_all() {
     describe_gauge!(BUFFER_CAPACITY_BYTES, Unit::Bytes, "Buffer byte capacity (buffer.max_bytes).");
     describe_gauge!(BUFFER_CAPACITY_RECORDS, "Buffer record capacity (buffer.max_records).");
     describe_counter!(BUFFER_DROPPED, "Records dropped by the full-buffer policy, by reason.");
+    describe_gauge!(BUFFER_OLDEST_AGE, Unit::Seconds, "Age of the oldest record not yet acknowledged by Kafka.");
+    describe_histogram!(SHIP_DELIVERY_LATENCY, Unit::Seconds, "Time from ingest to Kafka's acknowledgement.");
     describe_gauge!(SPOOL_BYTES, Unit::Bytes, "Bytes of the spool's segment files.");
     describe_gauge!(SPOOL_CAPACITY_BYTES, Unit::Bytes, "Spool cap (buffer.max_disk_bytes).");
     describe_gauge!(SPOOL_RECORDS, "Records in the spool not yet acknowledged by Kafka.");
@@ -173,6 +193,9 @@ fn describe_all() {
     describe_counter!(PERSIST_REBALANCES, "Consumer group rebalances seen.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(READY, "1 while /readyz answers 200.");
+    describe_gauge!(PERSIST_LAG_RECORDS, "Records in the topic not yet persisted, per partition.");
+    describe_gauge!(PERSIST_LAG_SECONDS, Unit::Seconds, "Age of the last persisted record while a partition lags.");
+    librdkafka::describe();
 }
 
 /// Reasons a Kafka delivery commonly fails with, shown at 0 from the start so that dashboards

@@ -3,7 +3,7 @@
 //! ```text
 //! segment := "SLUICESP" version:u32le frame*
 //! frame   := body_len:u32le crc32c(body):u32le body
-//! body    := key_len:u32le (0xFFFFFFFF = no key) key payload
+//! body    := ingest_ms:u64le key_len:u32le (0xFFFFFFFF = no key) key payload
 //! ```
 //!
 //! Owns: encoding frames and finding them again, including after damage: [`scan`] skips a
@@ -17,20 +17,24 @@ use std::io::{self, Read};
 mod tests;
 
 /// Magic bytes and version at the start of every segment.
-pub const HEADER: &[u8; 12] = b"SLUICESP\x01\x00\x00\x00";
+pub const HEADER: &[u8; 12] = b"SLUICESP\x02\x00\x00\x00";
+/// Bytes of a body before its key: ingest time and key length.
+const BODY_PREFIX: usize = 12;
 /// Bytes before a frame's body.
 pub const FRAME_OVERHEAD: usize = 8;
 /// Largest body a frame may declare: above any record the agent accepts (64 MiB + envelope).
 pub const MAX_BODY: usize = 80 * 1024 * 1024;
 const NO_KEY: u32 = u32::MAX;
 
-/// Appends one frame to `out`.
-pub fn encode(key: Option<&[u8]>, payload: &[u8], out: &mut Vec<u8>) {
+/// Appends one frame to `out`. `ingest_ms` (Unix milliseconds) travels with the record so the
+/// age of the oldest record and delivery latency stay true across restarts.
+pub fn encode(ingest_ms: u64, key: Option<&[u8]>, payload: &[u8], out: &mut Vec<u8>) {
     let key_len = key.map_or(NO_KEY, |key| key.len() as u32);
-    let body_len = 4 + key.map_or(0, <[u8]>::len) + payload.len();
+    let body_len = BODY_PREFIX + key.map_or(0, <[u8]>::len) + payload.len();
     let start = out.len();
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&ingest_ms.to_le_bytes());
     out.extend_from_slice(&key_len.to_le_bytes());
     if let Some(key) = key {
         out.extend_from_slice(key);
@@ -42,12 +46,14 @@ pub fn encode(key: Option<&[u8]>, payload: &[u8], out: &mut Vec<u8>) {
 
 /// Total bytes a frame for this key and payload takes on disk.
 pub fn frame_len(key: Option<&[u8]>, payload: &[u8]) -> usize {
-    FRAME_OVERHEAD + 4 + key.map_or(0, <[u8]>::len) + payload.len()
+    FRAME_OVERHEAD + BODY_PREFIX + key.map_or(0, <[u8]>::len) + payload.len()
 }
 
 /// A decoded frame, borrowing from its body.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Frame<'a> {
+    /// When the agent read the record (Unix milliseconds).
+    pub ingest_ms: u64,
     /// The Kafka key.
     pub key: Option<&'a [u8]>,
     /// The envelope.
@@ -56,20 +62,21 @@ pub struct Frame<'a> {
 
 /// Splits a checked body into key and payload; `None` if the key length does not fit.
 fn split_body(body: &[u8]) -> Option<Frame<'_>> {
-    let key_len = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
-    let rest = &body[4..];
+    let ingest_ms = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    let key_len = u32::from_le_bytes(body.get(8..BODY_PREFIX)?.try_into().ok()?);
+    let rest = &body[BODY_PREFIX..];
     if key_len == NO_KEY {
-        return Some(Frame { key: None, payload: rest });
+        return Some(Frame { ingest_ms, key: None, payload: rest });
     }
     let key_len = key_len as usize;
-    (key_len <= rest.len()).then(|| Frame { key: Some(&rest[..key_len]), payload: &rest[key_len..] })
+    (key_len <= rest.len()).then(|| Frame { ingest_ms, key: Some(&rest[..key_len]), payload: &rest[key_len..] })
 }
 
 /// A frame at `offset` in `data`, if a whole, intact one starts there.
 pub fn frame_at(data: &[u8], offset: usize) -> Option<(Frame<'_>, usize)> {
     let head = data.get(offset..offset + FRAME_OVERHEAD)?;
     let body_len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
-    if !(4..=MAX_BODY).contains(&body_len) {
+    if !(BODY_PREFIX..=MAX_BODY).contains(&body_len) {
         return None;
     }
     let crc = u32::from_le_bytes(head[4..8].try_into().ok()?);
@@ -148,7 +155,7 @@ pub fn read_frame(reader: &mut impl Read, body: &mut Vec<u8>, max_body: usize) -
         _ => {}
     }
     let body_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    if !(4..=max_body.min(MAX_BODY)).contains(&body_len) {
+    if !(BODY_PREFIX..=max_body.min(MAX_BODY)).contains(&body_len) {
         return Err(ReadError::Corrupt);
     }
     body.clear();

@@ -87,6 +87,8 @@ pub struct Recovered {
 
 #[derive(Debug, Default)]
 struct SegmentState {
+    /// Ingest time of the segment's first record (Unix ms): the age of its oldest record.
+    first_ingest_ms: Option<u64>,
     /// Records written to the segment (or found intact at start-up).
     records: u64,
     /// Records acknowledged by Kafka or counted as dropped.
@@ -148,14 +150,16 @@ impl Spool {
         ids.sort_unstable();
         for id in &ids {
             let path = segment_path(&config.dir, *id);
-            let (records, bytes) = recover_segment(&path, &quarantine, &mut recovered)?;
+            let (records, bytes, first_ingest_ms) = recover_segment(&path, &quarantine, &mut recovered)?;
             if records == 0 {
                 std::fs::remove_file(&path)?;
                 continue;
             }
             recovered.records += records;
             state.disk_bytes += bytes;
-            state.segments.insert(*id, SegmentState { records, bytes, sealed: true, ..SegmentState::default() });
+            state
+                .segments
+                .insert(*id, SegmentState { records, bytes, first_ingest_ms, sealed: true, ..SegmentState::default() });
         }
         state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
         let next = ids.last().map_or(0, |id| id + 1);
@@ -230,6 +234,13 @@ impl Spool {
         let deletable =
             state.segments.get(&pos.segment).is_some_and(|segment| deletable(pos.segment, segment, backlog));
         (deletable, parked)
+    }
+
+    /// Ingest time (Unix ms) of the oldest record not yet done, to the resolution of a segment:
+    /// the first record of the oldest segment that still owes one.
+    pub fn oldest_undelivered_ms(&self) -> Option<u64> {
+        let state = self.lock();
+        state.segments.values().filter(|segment| segment.records > segment.done).find_map(|segment| segment.first_ingest_ms)
     }
 
     /// Records written and not yet done, in memory or only on disk.
@@ -335,11 +346,12 @@ fn quarantine_suffix() -> String {
 /// Checks every frame of a segment left by an earlier run. A damaged file is moved to the
 /// quarantine directory and replaced by a copy holding only its intact frames. Returns the
 /// intact record count and the file size.
-fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64)> {
+fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64, Option<u64>)> {
     let data = std::fs::read(path)?;
     let report = segment::scan(&data);
+    let first_ingest_ms = report.frames.first().and_then(|range| segment::frame_at(&data, range.start)).map(|(frame, _)| frame.ingest_ms);
     if report.corrupt_regions == 0 {
-        return Ok((report.frames.len() as u64, data.len() as u64));
+        return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
     }
     std::fs::create_dir_all(quarantine)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -366,13 +378,15 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
     );
     recovered.corrupt_regions += report.corrupt_regions;
     recovered.quarantined.push(target);
-    Ok((report.frames.len() as u64, clean.len() as u64))
+    Ok((report.frames.len() as u64, clean.len() as u64, first_ingest_ms))
 }
 
 /// Appends records to the active segment. One writer per spool; it lives on the blocking pool.
 pub struct SpoolWriter {
     spool: Arc<Spool>,
     file: File,
+    /// Ingest time of the active segment's first record.
+    first_ingest_ms: Option<u64>,
     segment: u64,
     offset: u64,
     unsynced: bool,
@@ -397,6 +411,7 @@ impl SpoolWriter {
         Ok(Self {
             spool,
             file,
+            first_ingest_ms: None,
             segment,
             offset: HEADER.len() as u64,
             unsynced: false,
@@ -419,11 +434,11 @@ impl SpoolWriter {
     /// a prefix of `records`, all of them unless an error is returned with it. Written records
     /// count as outstanding (held in memory by the caller) from here on. Under `Fsync::Always`
     /// they are synced before this returns.
-    pub fn append(&mut self, records: &[(Option<&[u8]>, &[u8])]) -> (Vec<SpoolPos>, Option<io::Error>) {
+    pub fn append(&mut self, records: &[Entry<'_>]) -> (Vec<SpoolPos>, Option<io::Error>) {
         let mut positions = Vec::with_capacity(records.len());
         let mut pending = Vec::with_capacity(records.len());
         self.scratch.clear();
-        for (key, payload) in records {
+        for Entry { ingest_ms, key, payload } in records {
             let len = segment::frame_len(*key, payload) as u64;
             if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
                 if let Err(error) = self.flush_scratch(pending.len() as u64) {
@@ -435,7 +450,10 @@ impl SpoolWriter {
                 }
             }
             pending.push(SpoolPos { segment: self.segment, offset: self.offset });
-            segment::encode(*key, payload, &mut self.scratch);
+            if self.first_ingest_ms.is_none() {
+                self.first_ingest_ms = Some(*ingest_ms);
+            }
+            segment::encode(*ingest_ms, *key, payload, &mut self.scratch);
             self.offset += len;
         }
         if let Err(error) = self.flush_scratch(pending.len() as u64) {
@@ -472,6 +490,7 @@ impl SpoolWriter {
             segment.records += records;
             segment.outstanding += records;
             segment.bytes += self.scratch.len() as u64;
+            segment.first_ingest_ms = segment.first_ingest_ms.or(self.first_ingest_ms);
         }
         drop(state);
         self.scratch.clear();
@@ -523,11 +542,24 @@ impl SpoolWriter {
     }
 }
 
+/// A record to append.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    /// When the agent read it (Unix ms).
+    pub ingest_ms: u64,
+    /// Its Kafka key.
+    pub key: Option<&'a [u8]>,
+    /// Its envelope.
+    pub payload: &'a [u8],
+}
+
 /// A record read back from disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskRecord {
     /// Where it is.
     pub pos: SpoolPos,
+    /// When the agent read it (Unix ms).
+    pub ingest_ms: u64,
     /// Its Kafka key.
     pub key: Option<Bytes>,
     /// Its envelope.
@@ -585,6 +617,7 @@ impl SpoolReader {
                     let Some(frame) = segment::body_frame(&self.body) else { break };
                     let record = DiskRecord {
                         pos,
+                        ingest_ms: frame.ingest_ms,
                         key: frame.key.map(Bytes::copy_from_slice),
                         payload: Bytes::copy_from_slice(frame.payload),
                     };

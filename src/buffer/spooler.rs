@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::ack::{Ack, AckPoint};
-use super::spool::{Fsync, SpoolWriter};
+use super::spool::{Entry, Fsync, SpoolWriter};
 use super::{Buffer, Record};
 use crate::config::WhenFull;
 use crate::telemetry;
@@ -95,12 +95,14 @@ impl Spooler {
             if !self.make_room(need, &mut records, stop).await {
                 return;
             }
-            let frames: Vec<(Option<bytes::Bytes>, bytes::Bytes)> =
-                records.iter().map(|r| (r.key.clone(), r.payload.clone())).collect();
+            let frames: Vec<(u64, Option<bytes::Bytes>, bytes::Bytes)> =
+                records.iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
             let (positions, failure, end, synced) = self
                 .blocking(move |writer| {
-                    let borrowed: Vec<(Option<&[u8]>, &[u8])> =
-                        frames.iter().map(|(key, payload)| (key.as_deref(), payload.as_ref())).collect();
+                    let borrowed: Vec<Entry<'_>> = frames
+                        .iter()
+                        .map(|(ingest_ms, key, payload)| Entry { ingest_ms: *ingest_ms, key: key.as_deref(), payload })
+                        .collect();
                     let (positions, failure) = writer.append(&borrowed);
                     // Under steady load the housekeeping tick may not get a turn: check the
                     // interval here too.

@@ -30,7 +30,7 @@ fn payload(len: usize) -> Bytes {
 }
 
 async fn push(buffer: &Buffer, len: usize) -> Result<(), Dropped> {
-    buffer.push(payload(len), None, None, &mut Admission::default()).await
+    buffer.push(payload(len), None, 1_000, None, &mut Admission::default()).await
 }
 
 fn lens(records: &[Record]) -> Vec<usize> {
@@ -114,21 +114,21 @@ async fn block_timeout_holds_a_writer_once_then_sheds_until_there_is_room() {
         BufferConfig { block_timeout: Some(Duration::from_secs(1)), ..config(room(1, 10), 10, WhenFull::Block) };
     let buffer = Buffer::new(&config);
     let mut admission = Admission::default();
-    buffer.push(payload(10), None, None, &mut admission).await.expect("room");
+    buffer.push(payload(10), None, 1_000, None, &mut admission).await.expect("room");
 
     let started = tokio::time::Instant::now();
-    let first = buffer.push(payload(10), None, None, &mut admission).await;
+    let first = buffer.push(payload(10), None, 1_000, None, &mut admission).await;
     assert_eq!(first, Err(Dropped::Full("block_timeout")));
     assert_eq!(started.elapsed(), Duration::from_secs(1), "held for exactly the timeout");
 
     let started = tokio::time::Instant::now();
-    assert_eq!(buffer.push(payload(10), None, None, &mut admission).await, Err(Dropped::Full("block_timeout")));
+    assert_eq!(buffer.push(payload(10), None, 1_000, None, &mut admission).await, Err(Dropped::Full("block_timeout")));
     assert_eq!(started.elapsed(), Duration::ZERO, "while still full, later records are dropped at once");
 
     let mut batch = Vec::new();
     buffer.pop_batch(10, &mut batch);
     batch.clear();
-    buffer.push(payload(10), None, None, &mut admission).await.expect("room again ends the shedding");
+    buffer.push(payload(10), None, 1_000, None, &mut admission).await.expect("room again ends the shedding");
     assert!(!admission.shedding);
 }
 
@@ -205,7 +205,7 @@ async fn a_refused_record_settles_its_ack_as_refused_with_the_policy_name() {
     let buffer = buffer(room(1, 10), 10, WhenFull::DropNewest);
     let tracker = ack::AckTracker::new(AckPoint::Delivered);
     push(&buffer, 10).await.expect("room");
-    let result = buffer.push(payload(10), None, Some(tracker.issue()), &mut Admission::default()).await;
+    let result = buffer.push(payload(10), None, 1_000, Some(tracker.issue()), &mut Admission::default()).await;
     assert!(result.is_err());
     assert_eq!(
         tracker.take_events(),
@@ -234,7 +234,8 @@ mod disk {
     fn spool_intake(buffer: &Buffer, writer: &mut spool::SpoolWriter) {
         let mut records = Vec::new();
         buffer.pop_intake_now(usize::MAX, &mut records);
-        let frames: Vec<(Option<&[u8]>, &[u8])> = records.iter().map(|r| (None, r.payload.as_ref())).collect();
+        let frames: Vec<spool::Entry<'_>> =
+            records.iter().map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() }).collect();
         let (positions, error) = writer.append(&frames);
         assert!(error.is_none());
         for (record, pos) in records.iter_mut().zip(positions) {
@@ -319,4 +320,18 @@ mod disk {
         buffer.backlog_read_to(batch.next.expect("next"));
         assert_eq!(spool.backlog(), None);
     }
+}
+
+#[tokio::test]
+async fn the_oldest_held_record_sets_the_age_until_it_is_settled() {
+    let buffer = buffer(room(10, 10), 10, WhenFull::Block);
+    assert_eq!(buffer.oldest_undelivered_ms(), None);
+    buffer.push(payload(5), None, 5_000, None, &mut Admission::default()).await.expect("room");
+    buffer.push(payload(5), None, 9_000, None, &mut Admission::default()).await.expect("room");
+    assert_eq!(buffer.oldest_undelivered_ms(), Some(5_000));
+    let mut batch = Vec::new();
+    buffer.pop_batch(1, &mut batch);
+    let first = batch.pop().expect("record");
+    buffer.settled(first.lease.bytes(), first.ingest_ms);
+    assert_eq!(buffer.oldest_undelivered_ms(), Some(9_000));
 }

@@ -187,7 +187,8 @@ impl<'a> RecordReader<'a> {
         let Ok(text) = std::str::from_utf8(&line) else {
             return reject(Rejected::InvalidUtf8, ack);
         };
-        self.context.envelopes.write(text, &self.peer_fragment, chrono::Utc::now(), &mut self.scratch);
+        let now = chrono::Utc::now();
+        self.context.envelopes.write(text, &self.peer_fragment, now, &mut self.scratch);
         let key = match &self.context.key {
             KeyRule::None => None,
             KeyRule::Fixed(key) => Some(key.clone()),
@@ -200,7 +201,8 @@ impl<'a> RecordReader<'a> {
         }
         let payload = Bytes::copy_from_slice(&self.scratch);
         let abandon = self.context.abandon.clone();
-        let push = self.context.buffer.push(payload, key, ack.take(), &mut self.admission);
+        let ingest_ms = now.timestamp_millis() as u64;
+        let push = self.context.buffer.push(payload, key, ingest_ms, ack.take(), &mut self.admission);
         tokio::select! {
             // A drop by policy is counted (and its ack refused) by the buffer.
             _ = push => {}

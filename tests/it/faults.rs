@@ -83,6 +83,11 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     p.broker.stop().await;
     tokio::time::sleep(outage()).await;
     let during = scrape(p.config.agent_admin()).await;
+    assert!(
+        during.count("sluice_buffer_oldest_record_age_seconds", &[]) >= outage().as_secs_f64() - 5.0,
+        "the oldest record has waited about as long as the outage:\n{}",
+        during.0
+    );
     let (status, body) = http_get(p.config.agent_admin(), "/readyz").await.expect("readyz");
     assert_eq!((status, body.trim()), (200, "ready; kafka unreachable, records are buffered"));
     p.broker.resume().await;
@@ -106,6 +111,13 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     let numbers = wait_for_numbers(&p.db, &p.tag, sent).await;
     assert_each_once(&numbers, 0..sent);
     assert!(during.count("sluice_spool_records", &[]) > 1000.0, "the spool held the outage's records");
+    let admin = p.config.agent_admin();
+    eventually("depth and age fall back once Kafka is back", || async {
+        let after = scrape(admin).await;
+        (after.count("sluice_spool_records", &[]) < 100.0 && after.count("sluice_buffer_oldest_record_age_seconds", &[]) < 5.0)
+            .then_some(())
+    })
+    .await;
     let after = scrape(p.config.agent_admin()).await;
     for reason in ["drop_newest", "drop_oldest", "block_timeout", "corrupt"] {
         assert_eq!(after.count("sluice_buffer_records_dropped_total", &[("reason", reason)]), 0.0, "{reason}");
@@ -301,6 +313,9 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     }
     let (status, _) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "not ready while postgres is away");
+    let lagging = scrape(config.persist_admin()).await;
+    let lag: f64 = ["0", "1"].iter().map(|p| lagging.count("sluice_persist_lag_records", &[("partition", p)])).sum();
+    assert!(lag > 1000.0, "consumer lag rises while postgres is away:\n{}", lagging.0);
     proxy.restore();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let sent = load.stop().await;
@@ -308,6 +323,13 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     let numbers = wait_for_numbers(&db, &topic, sent).await;
     assert_each_once(&numbers, 0..sent);
     assert!(peak_rss < 200 * 1024, "persister RSS peaked at {peak_rss} KiB during the outage");
+    let admin = config.persist_admin();
+    eventually("lag falls back to 0", || async {
+        let metrics = scrape(admin).await;
+        let lag: f64 = ["0", "1"].iter().map(|p| metrics.count("sluice_persist_lag_records", &[("partition", p)])).sum();
+        (lag == 0.0).then_some(())
+    })
+    .await;
     let metrics = scrape(config.persist_admin()).await;
     assert!(metrics.count("sluice_persist_write_errors_total", &[]) > 0.0);
 }

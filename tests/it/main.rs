@@ -5,6 +5,7 @@ mod cli;
 mod faults;
 mod ingest;
 mod lifecycle;
+mod observability;
 mod pipeline;
 mod schema;
 mod support;

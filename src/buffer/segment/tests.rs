@@ -2,8 +2,8 @@ use super::*;
 
 fn segment(frames: &[(Option<&[u8]>, &[u8])]) -> Vec<u8> {
     let mut data = HEADER.to_vec();
-    for (key, payload) in frames {
-        encode(*key, payload, &mut data);
+    for (i, (key, payload)) in frames.iter().enumerate() {
+        encode(1_000 + i as u64, *key, payload, &mut data);
     }
     data
 }
@@ -18,9 +18,9 @@ fn frames_round_trip_with_and_without_keys() {
     assert_eq!(
         frames,
         vec![
-            Frame { key: None, payload: b"one" },
-            Frame { key: Some(b"k"), payload: b"two" },
-            Frame { key: Some(b""), payload: b"" }
+            Frame { ingest_ms: 1_000, key: None, payload: b"one" },
+            Frame { ingest_ms: 1_001, key: Some(b"k"), payload: b"two" },
+            Frame { ingest_ms: 1_002, key: Some(b""), payload: b"" }
         ]
     );
     assert_eq!(report.frames[0].len(), frame_len(None, b"one"));
@@ -74,7 +74,7 @@ fn read_frame_streams_frames_and_reports_a_clean_end() {
     let mut reader = &data[HEADER.len()..];
     let mut body = Vec::new();
     assert!(read_frame(&mut reader, &mut body, 1024).expect("first"));
-    assert_eq!(body_frame(&body), Some(Frame { key: Some(b"key"), payload: b"payload" }));
+    assert_eq!(body_frame(&body), Some(Frame { ingest_ms: 1_000, key: Some(b"key"), payload: b"payload" }));
     assert!(read_frame(&mut reader, &mut body, 1024).expect("second"));
     assert!(!read_frame(&mut reader, &mut body, 1024).expect("end"));
 }

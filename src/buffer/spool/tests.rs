@@ -15,7 +15,8 @@ fn payloads(n: usize) -> Vec<Vec<u8>> {
 }
 
 fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
-    let records: Vec<(Option<&[u8]>, &[u8])> = payloads.iter().map(|p| (None, p.as_slice())).collect();
+    let records: Vec<Entry<'_>> =
+        payloads.iter().enumerate().map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, key: None, payload: p.as_slice() }).collect();
     let (positions, error) = writer.append(&records);
     assert!(error.is_none(), "{error:?}");
     positions
@@ -195,4 +196,23 @@ fn the_cap_is_measured_over_all_segment_files() {
     append_all(&mut writer, &payloads(20));
     assert!(spool.disk_bytes() > 500, "{}", spool.disk_bytes());
     assert!(!writer.fits(200));
+}
+
+#[test]
+fn the_oldest_undelivered_record_is_known_to_the_resolution_of_a_segment_even_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+        let positions = append_all(&mut writer, &payloads(40));
+        assert_eq!(spool.oldest_undelivered_ms(), Some(1_000));
+        let first = positions[0].segment;
+        for pos in positions.iter().filter(|p| p.segment == first) {
+            spool.done(*pos);
+        }
+        let second_first = positions.iter().find(|p| p.segment != first).expect("a second segment");
+        let index = positions.iter().position(|p| p == second_first).expect("index") as u64;
+        assert_eq!(spool.oldest_undelivered_ms(), Some(1_000 + index));
+    }
+    let (spool, _writer, _) = Spool::open(config(dir.path())).expect("reopen");
+    assert_eq!(spool.oldest_undelivered_ms(), Some(1_000), "nothing was deleted, so everything is owed again");
 }

@@ -1,0 +1,84 @@
+//! librdkafka's statistics (its `statistics.interval.ms` callback) mapped to Sluice metric names.
+//!
+//! Owns: which of librdkafka's figures an SRE sees and under what name. Must not: export
+//! librdkafka's raw names or per-message detail; labels stay small (broker id, partition).
+//! librdkafka's counters restart with a replaced producer, so they are turned into increments
+//! here rather than exported as absolute values that could go backwards.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use rdkafka::statistics::Statistics;
+
+use super::REASON;
+
+/// Messages in librdkafka's queues (producer: waiting to be sent or acknowledged; consumer:
+/// fetched, not yet consumed).
+pub const QUEUE_MESSAGES: &str = "sluice_kafka_queue_messages";
+/// Bytes of those messages.
+pub const QUEUE_BYTES: &str = "sluice_kafka_queue_bytes";
+/// Requests sent to brokers and not yet answered, plus those waiting to be sent.
+pub const REQUESTS_IN_FLIGHT: &str = "sluice_kafka_requests_in_flight";
+/// Average broker round-trip time over the last statistics window, per broker.
+pub const BROKER_RTT: &str = "sluice_kafka_broker_rtt_seconds";
+/// Transport errors, by `reason` (`send`, `receive`, `timeout`).
+pub const ERRORS: &str = "sluice_kafka_errors_total";
+
+/// Describes the metrics above (called once at start).
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_gauge!(QUEUE_MESSAGES, "Messages in librdkafka's queues.");
+    describe_gauge!(QUEUE_BYTES, Unit::Bytes, "Bytes of messages in librdkafka's queues.");
+    describe_gauge!(REQUESTS_IN_FLIGHT, "Kafka requests waiting to be sent or answered.");
+    describe_gauge!(BROKER_RTT, Unit::Seconds, "Average broker round-trip time, per broker.");
+    describe_counter!(ERRORS, "Kafka transport errors, by reason.");
+}
+
+/// Turns librdkafka's cumulative error counts into increments.
+#[derive(Default)]
+pub struct ErrorTotals {
+    last: Mutex<HashMap<(String, &'static str), u64>>,
+}
+
+/// Publishes one statistics report.
+pub fn record(statistics: &Statistics, totals: &ErrorTotals) {
+    metrics::gauge!(QUEUE_MESSAGES).set(statistics.msg_cnt as f64);
+    metrics::gauge!(QUEUE_BYTES).set(statistics.msg_size as f64);
+    let mut in_flight = 0;
+    let mut last = totals.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for broker in statistics.brokers.values().filter(|broker| broker.nodeid >= 0) {
+        in_flight += broker.outbuf_cnt.max(0) + broker.waitresp_cnt.max(0);
+        if let Some(rtt) = &broker.rtt
+            && rtt.avg > 0
+        {
+            metrics::gauge!(BROKER_RTT, "broker" => broker.nodeid.to_string()).set(rtt.avg as f64 / 1e6);
+        }
+        for (reason, total) in [("send", broker.txerrs), ("receive", broker.rxerrs), ("timeout", broker.req_timeouts)] {
+            let seen = last.entry((broker.name.clone(), reason)).or_insert(0);
+            // A smaller total means a new client (replaced producer): count from zero again.
+            let delta = if total >= *seen { total - *seen } else { total };
+            *seen = total;
+            if delta > 0 {
+                metrics::counter!(ERRORS, REASON => reason).increment(delta);
+            }
+        }
+    }
+    metrics::gauge!(REQUESTS_IN_FLIGHT).set(in_flight as f64);
+}
+
+/// The consumer lag librdkafka reports per partition of `topic` (records; only partitions this
+/// consumer has positions for).
+pub fn consumer_lag(statistics: &Statistics, topic: &str) -> HashMap<i32, i64> {
+    statistics
+        .topics
+        .get(topic)
+        .map(|topic| {
+            topic
+                .partitions
+                .values()
+                .filter(|partition| partition.partition >= 0 && partition.consumer_lag >= 0)
+                .map(|partition| (partition.partition, partition.consumer_lag))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,94 @@
+//! What SREs see: real scrapes checked by promtool, and the dashboard and alert rules checked
+//! against the metrics a real run exposes.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::support::*;
+
+/// Every `sluice_*` name in `text`.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("sluice_") {
+        let tail = &rest[start..];
+        let end = tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+fn promtool_check_metrics(scrape: &str) -> String {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package `prometheus`; scripts/test installs it)");
+    child.stdin.take().expect("stdin").write_all(scrape.as_bytes()).expect("write scrape");
+    let output = child.wait_with_output().expect("promtool");
+    assert!(output.status.success(), "promtool check metrics failed");
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_alerts_use() {
+    let pipeline = start_pipeline("observe", 2, |config| {
+        let spool = config.dir.path().join("spool").display().to_string();
+        config.set("buffer", "type", "disk").set("buffer", "path", spool);
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let lines: Vec<Vec<u8>> = (0..500).map(|n| numbered("observe", n).into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+    // A dead letter and a rejection, so those series carry values too.
+    send_lines(&config.socket(), &[b"nul \0 here".to_vec(), vec![0xff]]).await;
+    wait_for_rows(db, 500, WAIT).await;
+    // librdkafka's statistics arrive every 5 seconds.
+    let (agent, persister) = eventually("statistics in both scrapes", || async {
+        let agent = scrape(config.agent_admin()).await;
+        let persister = scrape(config.persist_admin()).await;
+        (agent.has("sluice_kafka_broker_rtt_seconds") && persister.has("sluice_persist_lag_records"))
+            .then_some((agent, persister))
+    })
+    .await;
+
+    for scrape in [&agent.0, &persister.0] {
+        let lint = promtool_check_metrics(scrape);
+        assert!(lint.trim().is_empty(), "promtool has remarks:\n{lint}");
+    }
+
+    let exposed: BTreeSet<String> = metric_names(&agent.0).union(&metric_names(&persister.0)).cloned().collect();
+    let dashboard: serde_json::Value = serde_json::from_str(include_str!("../../monitoring/grafana/sluice-dashboard.json"))
+        .expect("the dashboard is JSON");
+    assert_eq!(dashboard["title"], "Sluice");
+    let panels = dashboard["panels"].as_array().expect("a Grafana dashboard has panels");
+    let mut queries = String::new();
+    for panel in panels.iter().filter(|panel| panel["type"] != "row") {
+        let targets = panel["targets"].as_array().unwrap_or_else(|| panic!("panel {} has no targets", panel["title"]));
+        assert!(!targets.is_empty(), "panel {} has no queries", panel["title"]);
+        for target in targets {
+            queries.push_str(target["expr"].as_str().expect("every target has an expr"));
+            queries.push('\n');
+        }
+    }
+    let rules = include_str!("../../monitoring/alerts.yml");
+    for (source, text) in [("dashboard", queries.as_str()), ("alerts", rules)] {
+        let used = metric_names(text);
+        assert!(used.len() > 5, "{source} names only {used:?}");
+        let missing: Vec<_> = used.difference(&exposed).collect();
+        assert!(missing.is_empty(), "{source} uses metrics no real scrape exposes: {missing:?}");
+    }
+
+    // Plausible values, not just names.
+    assert_eq!(agent.count("sluice_ingest_records_total", &[]), 501.0);
+    assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 501.0);
+    assert_eq!(agent.count("sluice_ship_delivery_latency_seconds_count", &[]), 501.0);
+    assert!(agent.count("sluice_spool_capacity_bytes", &[]) > 0.0);
+    assert_eq!(persister.count("sluice_persist_dead_letters_total", &[("reason", "nul_character")]), 1.0);
+    let build = agent.0.lines().find(|line| line.starts_with("sluice_build_info{")).expect("build info");
+    assert!(build.contains("role=\"agent\"") && build.contains("git_sha=\""), "{build}");
+}
