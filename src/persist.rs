@@ -105,20 +105,31 @@ impl PersistError {
 /// Consumer callbacks: rebalances, commit results and statistics.
 struct PersistContext {
     assigned: Arc<AtomicUsize>,
-    topic: String,
-    lag: Arc<LagClock>,
     errors: telemetry::librdkafka::ErrorTotals,
 }
 
-/// The ingest time of the last persisted record per partition, for the lag in seconds.
+/// What this persister has stored per partition: the next offset, and the ingest time of the
+/// last record. With the partitions' high watermarks that makes the lag in records and seconds.
 #[derive(Default)]
 struct LagClock {
+    next_offset: std::sync::Mutex<BTreeMap<i32, i64>>,
     last_ingest_ms: std::sync::Mutex<BTreeMap<i32, i64>>,
     /// Partitions whose lag was reported, so a revoked one is reset to 0.
     reported: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
 impl LagClock {
+    fn stored(&self, next_offsets: &BTreeMap<(String, i32), i64>) {
+        let mut stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for ((_, partition), next) in next_offsets {
+            stored.insert(*partition, *next);
+        }
+    }
+
+    fn next_offset(&self, partition: i32) -> Option<i64> {
+        self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied()
+    }
+
     fn persisted(&self, rows: &[Row]) {
         let mut last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for row in rows {
@@ -151,8 +162,8 @@ impl LagClock {
 
 impl ClientContext for PersistContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
+        // These arrive only while the consumer is polled; the lag has a task of its own.
         telemetry::librdkafka::record(&statistics, &self.errors);
-        self.lag.report(&telemetry::librdkafka::consumer_lag(&statistics, &self.topic));
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -232,20 +243,21 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
             return Ok(());
         };
         let lag = Arc::new(LagClock::default());
-        let context = PersistContext {
-            assigned: assigned.clone(),
-            topic: config.kafka.topic.clone(),
-            lag: lag.clone(),
-            errors: telemetry::librdkafka::ErrorTotals::default(),
-        };
+        let context =
+            PersistContext { assigned: assigned.clone(), errors: telemetry::librdkafka::ErrorTotals::default() };
         let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
         let maintenance = tokio::spawn(maintain(config.clone(), shutdown.clone()));
+        let lag_stop = CancellationToken::new();
+        let lag_task = tokio::spawn(report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
         let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
         let run = Run { config: &config, consumer: &consumer, database_ok: &database_ok, lag: &lag };
         consume(&run, &mut writer, &shutdown).await;
         draining.store(true, Ordering::Relaxed);
+        // The lag task holds the consumer too: stop it first so the consumer closes below.
+        lag_stop.cancel();
+        let _ = lag_task.await;
         let committer = consumer.clone();
         match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
             Ok(Ok(())) | Ok(Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset))) => {}
@@ -437,6 +449,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &Cancellation
                     );
                 }
                 lag.persisted(&batch.rows);
+                lag.stored(&batch.next_offsets);
                 store_offsets(consumer, &batch.next_offsets);
                 return true;
             }
@@ -514,6 +527,52 @@ fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i3
             debug!(%error, topic, partition, "offset not stored (partition no longer assigned)");
         }
     }
+}
+
+/// How often the consumer lag is measured.
+const LAG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Measures the lag of the assigned partitions every few seconds: high watermark minus what this
+/// persister stored (or, before it stored anything, the group's committed offset). It asks the
+/// brokers itself, because librdkafka's statistics stop while the consume loop waits for
+/// PostgreSQL — exactly when the lag matters.
+async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock>, stop: CancellationToken) {
+    loop {
+        let (client, clock) = (consumer.clone(), lag.clone());
+        let measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)).await.unwrap_or_default();
+        lag.report(&measured);
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(LAG_INTERVAL) => {}
+        }
+    }
+}
+
+fn measure_lag(consumer: &PersistConsumer, clock: &LagClock) -> std::collections::HashMap<i32, i64> {
+    let timeout = Duration::from_secs(2);
+    let mut lag = std::collections::HashMap::new();
+    let Ok(assignment) = consumer.assignment() else { return lag };
+    let mut unknown = TopicPartitionList::new();
+    for element in assignment.elements() {
+        if clock.next_offset(element.partition()).is_none() {
+            unknown.add_partition(element.topic(), element.partition());
+        }
+    }
+    let committed = if unknown.count() > 0 { consumer.committed_offsets(unknown, timeout).ok() } else { None };
+    for element in assignment.elements() {
+        let Ok((low, high)) = consumer.fetch_watermarks(element.topic(), element.partition(), timeout) else {
+            continue;
+        };
+        let position = clock.next_offset(element.partition()).or_else(|| {
+            committed
+                .as_ref()
+                .and_then(|tpl| tpl.find_partition(element.topic(), element.partition()))
+                .and_then(|found| found.offset().to_raw())
+                .filter(|offset| *offset >= 0)
+        });
+        lag.insert(element.partition(), (high - position.unwrap_or(low)).max(0));
+    }
+    lag
 }
 
 /// Creates partitions ahead and applies retention, hourly, on a connection of its own.

@@ -92,7 +92,7 @@ pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
 /// Partitions currently assigned to this persister.
 pub const PERSIST_ASSIGNED_PARTITIONS: &str = "sluice_persist_assigned_partitions";
-/// Records in the topic not yet persisted, per `partition` (from librdkafka's statistics).
+/// Records in the topic not yet persisted, per `partition` (high watermark minus stored offset).
 pub const PERSIST_LAG_RECORDS: &str = "sluice_persist_lag_records";
 /// While a partition lags: now minus the ingest time of its last persisted record; 0 otherwise.
 pub const PERSIST_LAG_SECONDS: &str = "sluice_persist_lag_seconds";

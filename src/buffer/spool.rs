@@ -240,7 +240,11 @@ impl Spool {
     /// the first record of the oldest segment that still owes one.
     pub fn oldest_undelivered_ms(&self) -> Option<u64> {
         let state = self.lock();
-        state.segments.values().filter(|segment| segment.records > segment.done).find_map(|segment| segment.first_ingest_ms)
+        state
+            .segments
+            .values()
+            .filter(|segment| segment.records > segment.done)
+            .find_map(|segment| segment.first_ingest_ms)
     }
 
     /// Records written and not yet done, in memory or only on disk.
@@ -349,7 +353,8 @@ fn quarantine_suffix() -> String {
 fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64, Option<u64>)> {
     let data = std::fs::read(path)?;
     let report = segment::scan(&data);
-    let first_ingest_ms = report.frames.first().and_then(|range| segment::frame_at(&data, range.start)).map(|(frame, _)| frame.ingest_ms);
+    let first_ingest_ms =
+        report.frames.first().and_then(|range| segment::frame_at(&data, range.start)).map(|(frame, _)| frame.ingest_ms);
     if report.corrupt_regions == 0 {
         return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
     }

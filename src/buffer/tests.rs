@@ -234,8 +234,10 @@ mod disk {
     fn spool_intake(buffer: &Buffer, writer: &mut spool::SpoolWriter) {
         let mut records = Vec::new();
         buffer.pop_intake_now(usize::MAX, &mut records);
-        let frames: Vec<spool::Entry<'_>> =
-            records.iter().map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() }).collect();
+        let frames: Vec<spool::Entry<'_>> = records
+            .iter()
+            .map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() })
+            .collect();
         let (positions, error) = writer.append(&frames);
         assert!(error.is_none());
         for (record, pos) in records.iter_mut().zip(positions) {

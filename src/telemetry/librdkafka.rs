@@ -65,20 +65,3 @@ pub fn record(statistics: &Statistics, totals: &ErrorTotals) {
     }
     metrics::gauge!(REQUESTS_IN_FLIGHT).set(in_flight as f64);
 }
-
-/// The consumer lag librdkafka reports per partition of `topic` (records; only partitions this
-/// consumer has positions for).
-pub fn consumer_lag(statistics: &Statistics, topic: &str) -> HashMap<i32, i64> {
-    statistics
-        .topics
-        .get(topic)
-        .map(|topic| {
-            topic
-                .partitions
-                .values()
-                .filter(|partition| partition.partition >= 0 && partition.consumer_lag >= 0)
-                .map(|partition| (partition.partition, partition.consumer_lag))
-                .collect()
-        })
-        .unwrap_or_default()
-}

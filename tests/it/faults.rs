@@ -114,7 +114,8 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     let admin = p.config.agent_admin();
     eventually("depth and age fall back once Kafka is back", || async {
         let after = scrape(admin).await;
-        (after.count("sluice_spool_records", &[]) < 100.0 && after.count("sluice_buffer_oldest_record_age_seconds", &[]) < 5.0)
+        (after.count("sluice_spool_records", &[]) < 100.0
+            && after.count("sluice_buffer_oldest_record_age_seconds", &[]) < 5.0)
             .then_some(())
     })
     .await;
@@ -326,7 +327,8 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     let admin = config.persist_admin();
     eventually("lag falls back to 0", || async {
         let metrics = scrape(admin).await;
-        let lag: f64 = ["0", "1"].iter().map(|p| metrics.count("sluice_persist_lag_records", &[("partition", p)])).sum();
+        let lag: f64 =
+            ["0", "1"].iter().map(|p| metrics.count("sluice_persist_lag_records", &[("partition", p)])).sum();
         (lag == 0.0).then_some(())
     })
     .await;

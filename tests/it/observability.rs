@@ -13,7 +13,8 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     let mut rest = text;
     while let Some(start) = rest.find("sluice_") {
         let tail = &rest[start..];
-        let end = tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
+        let end =
+            tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
         names.insert(tail[..end].to_string());
         rest = &tail[end..];
     }
@@ -62,8 +63,9 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     }
 
     let exposed: BTreeSet<String> = metric_names(&agent.0).union(&metric_names(&persister.0)).cloned().collect();
-    let dashboard: serde_json::Value = serde_json::from_str(include_str!("../../monitoring/grafana/sluice-dashboard.json"))
-        .expect("the dashboard is JSON");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../monitoring/grafana/sluice-dashboard.json"))
+            .expect("the dashboard is JSON");
     assert_eq!(dashboard["title"], "Sluice");
     let panels = dashboard["panels"].as_array().expect("a Grafana dashboard has panels");
     let mut queries = String::new();

@@ -15,8 +15,11 @@ fn payloads(n: usize) -> Vec<Vec<u8>> {
 }
 
 fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
-    let records: Vec<Entry<'_>> =
-        payloads.iter().enumerate().map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, key: None, payload: p.as_slice() }).collect();
+    let records: Vec<Entry<'_>> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, key: None, payload: p.as_slice() })
+        .collect();
     let (positions, error) = writer.append(&records);
     assert!(error.is_none(), "{error:?}");
     positions
