@@ -1,5 +1,6 @@
 //! Admin HTTP server: `/metrics` (Prometheus text), `/healthz` (the process runs), `/readyz`
-//! (it can do its job: 200, or 503 with the reason).
+//! (it can do its job: 200, or 503 with the reason), `/config` (the running config, secrets
+//! redacted).
 //!
 //! Owns: the admin listener and its three routes. Must not: do work of the pipeline, block on
 //! Kafka or PostgreSQL inside a request (readiness is computed from flags that other tasks keep
@@ -20,6 +21,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
+
+/// Renders the running config (secrets redacted) for `/config`.
+pub type ConfigView = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Says whether the process is ready (with a short status line) or why not. Must be cheap: it
 /// runs per request.
@@ -53,7 +57,13 @@ impl AdminServer {
 
     /// Serves until `stop` is cancelled. The server is stopped last during shutdown so that
     /// `/readyz` can say "draining" and `/metrics` shows the drain.
-    pub async fn serve(self, metrics: PrometheusHandle, ready: ReadinessCheck, stop: CancellationToken) {
+    pub async fn serve(
+        self,
+        metrics: PrometheusHandle,
+        ready: ReadinessCheck,
+        config: ConfigView,
+        stop: CancellationToken,
+    ) {
         if let Some(address) = self.local_addr() {
             info!(%address, "admin server listening");
         }
@@ -71,8 +81,9 @@ impl AdminServer {
             };
             let metrics = metrics.clone();
             let ready = ready.clone();
+            let config = config.clone();
             let service = service_fn(move |request| {
-                let response = route(&request, &metrics, &ready);
+                let response = route(&request, &metrics, &ready, &config);
                 async move { Ok::<_, Infallible>(response) }
             });
             // Admin connections are not tracked: they hold no records and end with the process.
@@ -87,7 +98,12 @@ impl AdminServer {
     }
 }
 
-fn route(request: &Request<Incoming>, metrics: &PrometheusHandle, ready: &ReadinessCheck) -> Response<Full<Bytes>> {
+fn route(
+    request: &Request<Incoming>,
+    metrics: &PrometheusHandle,
+    ready: &ReadinessCheck,
+    config: &ConfigView,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
@@ -101,11 +117,12 @@ fn route(request: &Request<Incoming>, metrics: &PrometheusHandle, ready: &Readin
             response
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/config" => text(StatusCode::OK, config()),
         "/readyz" => match ready() {
             Ok(status) => text(StatusCode::OK, format!("{status}\n")),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
         },
-        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics, /healthz, /readyz\n".into()),
+        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics, /healthz, /readyz, /config\n".into()),
     }
 }
 

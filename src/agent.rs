@@ -12,8 +12,8 @@
 //! memory buffer it is lost, logged at ERROR and counted as `reason="drain_timeout"` → the admin
 //! server stops.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -22,10 +22,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::admin::{AdminError, AdminServer, ReadinessCheck};
+use crate::admin::{AdminError, AdminServer, ConfigView, ReadinessCheck};
 use crate::buffer::spool::{Spool, SpoolWriter};
-use crate::buffer::{Buffer, spooler};
-use crate::config::{BufferKind, Config};
+use crate::buffer::{Buffer, Policy, spooler};
+use crate::config::reload::{self, Reloading, Watcher};
+use crate::config::{BufferKind, Config, KeySource, ShipConfig};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
 use crate::ingest::{IngestContext, IngestError, KeyRule, Listener};
 use crate::ship::{ShipError, Shipper};
@@ -71,6 +72,7 @@ pub struct DrainReport {
 /// Runs the agent until `shutdown` is cancelled, then drains.
 pub async fn run(
     config: Config,
+    reloading: Option<Reloading>,
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> Result<DrainReport, AgentError> {
@@ -89,19 +91,24 @@ pub async fn run(
         buffer: buffer.clone(),
         envelopes,
         max_record_size: usize::try_from(config.ingest.max_record_size.as_u64()).unwrap_or(usize::MAX),
-        key: KeyRule::new(&config.ship, &pod),
+        key: std::sync::RwLock::new(KeyRule::new(&config.ship, &pod)),
         ack_point: config.ack_point(),
         abandon: abandon.clone(),
     });
 
     let background = CancellationToken::new();
     let ready = readiness(&shipper, &draining);
-    let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), background.clone()));
+    let running = Arc::new(RwLock::new(config.clone()));
+    reload::publish(None, &reload::fingerprint(&config));
+    let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), config_view(&running), background.clone()));
+    if let Some(reloading) = reloading {
+        let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
+        tokio::spawn(reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload")));
+    }
     let probe_task = tokio::spawn(probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone()));
     let spooler_stop = CancellationToken::new();
     let spooler_task = spooler.map(|writer| {
-        let task =
-            spooler::run(buffer.clone(), writer, config.buffer.when_full, config.spool().fsync, spooler_stop.clone());
+        let task = spooler::run(buffer.clone(), writer, config.spool().fsync, spooler_stop.clone());
         tokio::spawn(task.instrument(info_span!("spool")))
     });
     let ship_stop = CancellationToken::new();
@@ -158,6 +165,64 @@ pub async fn run(
     background.cancel();
     let _ = tokio::join!(admin_task, probe_task);
     Ok(DrainReport { undelivered: undelivered as usize })
+}
+
+/// `/config`: the running config, secrets redacted.
+pub fn config_view(running: &Arc<RwLock<Config>>) -> ConfigView {
+    let running = running.clone();
+    Arc::new(move || running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).to_redacted_toml())
+}
+
+/// What a config reload can change in a running agent.
+struct Live {
+    buffer: Buffer,
+    context: Arc<IngestContext>,
+    shipper: Arc<Shipper>,
+    pod: PodMetadata,
+    reloading: Reloading,
+}
+
+impl Live {
+    fn apply(&self, old: &Config, new: &Config) {
+        if old.log.level != new.log.level
+            && let Some(log) = &self.reloading.log
+            && let Err(error) = log.set_level(&new.log.level)
+        {
+            warn!(%error, "log level not changed");
+        }
+        self.buffer.set_policy(Policy { when_full: new.buffer.when_full, block_timeout: new.buffer.block_timeout });
+        if (old.ship.key, &old.ship.key_field) != (new.ship.key, &new.ship.key_field) {
+            *self.context.key.write().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                KeyRule::new(&new.ship, &self.pod);
+        }
+        if producer_settings(old) != producer_settings(new) {
+            self.shipper.reconfigure(new);
+        }
+    }
+}
+
+/// What the producer is built from (the key is chosen by the readers, not the producer).
+fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::BTreeMap<String, String>) {
+    let ship = ShipConfig { key: KeySource::None, key_field: None, ..config.ship.clone() };
+    (ship, &config.kafka.brokers, &config.kafka.properties)
+}
+
+/// Applies new configs as they come (SIGHUP or a changed file) until `stop`.
+async fn reload_agent(live: Live, running: Arc<RwLock<Config>>, stop: CancellationToken) {
+    let mut watcher = match Watcher::new(live.reloading.path.clone()) {
+        Ok(watcher) => watcher,
+        Err(error) => return warn!(%error, "config reload disabled"),
+    };
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => break,
+            event = watcher.next() => event,
+        };
+        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let Some(plan) = reload::judge(reload::Role::Agent, &current, event) else { continue };
+        live.apply(&current, &plan.effective);
+        reload::applied(&current, plan, &running);
+    }
 }
 
 /// Records not yet acknowledged by Kafka: in memory, or (disk type) in the spool.

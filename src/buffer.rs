@@ -140,6 +140,15 @@ pub struct Admission {
     shedding: bool,
 }
 
+/// What a full buffer does; see [`WhenFull`] and `buffer.block_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// The policy.
+    pub when_full: WhenFull,
+    /// How long `block` may hold a writer; `None` = as long as it takes.
+    pub block_timeout: Option<Duration>,
+}
+
 /// Cheap to clone; all clones share one buffer.
 #[derive(Clone)]
 pub struct Buffer {
@@ -170,8 +179,8 @@ struct Shared {
     records: Arc<Semaphore>,
     max_bytes: usize,
     max_records: usize,
-    when_full: WhenFull,
-    block_timeout: Option<Duration>,
+    /// `when_full` and `block_timeout`; a config reload may change them.
+    policy: std::sync::RwLock<Policy>,
     spool: Option<Arc<Spool>>,
     /// Bytes (with overhead) of records handed to the shipper and not yet settled: in flight at
     /// librdkafka or waiting in `retry`. Neither can be evicted, so with a spool they may use at
@@ -248,13 +257,26 @@ impl Buffer {
                 records: Arc::new(Semaphore::new(max_records)),
                 max_bytes,
                 max_records,
-                when_full: config.when_full,
-                block_timeout: config.block_timeout,
+                policy: std::sync::RwLock::new(Policy {
+                    when_full: config.when_full,
+                    block_timeout: config.block_timeout,
+                }),
                 spool,
                 shipping: AtomicUsize::new(0),
                 ages: Ages::default(),
             }),
         }
+    }
+
+    /// The full-buffer policy in force.
+    pub fn policy(&self) -> Policy {
+        *self.shared.policy.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Changes the full-buffer policy (config reload). Writers already waiting keep waiting
+    /// under the old rules; every later record follows the new ones.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.shared.policy.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = policy;
     }
 
     /// The spool, for the disk type.
@@ -318,13 +340,14 @@ impl Buffer {
             admission.shedding = false;
             return Ok(lease);
         }
-        match self.shared.when_full {
+        let Policy { when_full, block_timeout } = self.policy();
+        match when_full {
             WhenFull::DropNewest => Err("drop_newest"),
             WhenFull::DropOldest => Err("drop_oldest"),
             WhenFull::Block if admission.shedding => Err("block_timeout"),
             WhenFull::Block => {
                 let wait = self.lease(cost);
-                let lease = match self.shared.block_timeout {
+                let lease = match block_timeout {
                     None => Some(wait.await),
                     Some(limit) => tokio::time::timeout(limit, wait).await.ok(),
                 };
@@ -360,7 +383,7 @@ impl Buffer {
     /// counted. Returns how many records left memory.
     fn evict(&self, cost: usize) -> usize {
         let disk = self.shared.spool.is_some();
-        if !disk && self.shared.when_full != WhenFull::DropOldest {
+        if !disk && self.policy().when_full != WhenFull::DropOldest {
             return 0;
         }
         let mut evicted = Vec::new();

@@ -17,6 +17,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+pub mod reload;
+
 #[cfg(test)]
 mod tests;
 
@@ -79,13 +81,14 @@ pub struct Config {
 pub struct LogConfig {
     /// A `tracing` filter directive, e.g. `"info"` or `"info,sluice::ship=debug"`. Default `"info"`.
     pub level: String,
-    /// `"text"` for people, `"json"` for log collectors. Default `"text"`.
+    /// `"text"` for people, `"json"` for log collectors, `"auto"`: JSON unless stderr is a
+    /// terminal. Default `"auto"`.
     pub format: LogFormat,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { level: "info".into(), format: LogFormat::Text }
+        Self { level: "info".into(), format: LogFormat::Auto }
     }
 }
 
@@ -93,6 +96,8 @@ impl Default for LogConfig {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
+    /// JSON unless stderr is a terminal.
+    Auto,
     /// Human-readable lines.
     Text,
     /// One JSON object per line.

@@ -66,8 +66,8 @@ pub struct IngestContext {
     pub envelopes: EnvelopeWriter,
     /// Longest record accepted.
     pub max_record_size: usize,
-    /// How the Kafka key is chosen.
-    pub key: KeyRule,
+    /// How the Kafka key is chosen; a config reload may change it.
+    pub key: std::sync::RwLock<KeyRule>,
     /// When acknowledged-mode writers hear that a record is safe.
     pub ack_point: crate::buffer::ack::AckPoint,
     /// Cancelled when the drain deadline passes: a reader still waiting for buffer room gives

@@ -124,7 +124,8 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    telemetry::init_logging(&config.log);
+    let log = telemetry::init_logging(&config.log);
+    let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log });
     let outcome = runtime().and_then(|rt| {
         rt.block_on(async {
             let metrics = telemetry::install_recorder(match role {
@@ -134,10 +135,13 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
             let shutdown = Shutdown::install().context("cannot install signal handlers")?;
             let work = async {
                 match role {
-                    Role::Agent => {
-                        agent::run(config, metrics, shutdown.token()).await.map(|_| ()).map_err(anyhow::Error::from)
+                    Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
+                        .await
+                        .map(|_| ())
+                        .map_err(anyhow::Error::from),
+                    Role::Persist => {
+                        persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
                     }
-                    Role::Persist => persist::run(config, metrics, shutdown.token()).await.map_err(anyhow::Error::from),
                 }
             };
             tokio::select! {

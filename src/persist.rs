@@ -33,6 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::admin::{AdminError, AdminServer, ReadinessCheck};
 use crate::config::Config;
+use crate::config::reload::{self, Reloading, Watcher};
 use crate::telemetry;
 
 pub mod row;
@@ -228,7 +229,12 @@ fn consumer_config(config: &Config) -> ClientConfig {
 }
 
 /// Runs the persister until `shutdown` is cancelled, then finishes the current batch and commits.
-pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: CancellationToken) -> Result<(), PersistError> {
+pub async fn run(
+    config: Config,
+    reloading: Option<Reloading>,
+    metrics: PrometheusHandle,
+    shutdown: CancellationToken,
+) -> Result<(), PersistError> {
     telemetry::register_persist_series();
     let admin = AdminServer::bind(&config.persist.admin_listen).await?;
     let assigned = Arc::new(AtomicUsize::new(0));
@@ -236,7 +242,13 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
     let draining = Arc::new(AtomicBool::new(false));
     let background = CancellationToken::new();
     let ready = readiness(&assigned, &database_ok, &draining);
-    let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), background.clone()));
+    let running = Arc::new(std::sync::RwLock::new(config.clone()));
+    reload::publish(None, &reload::fingerprint(&config));
+    let admin_task =
+        tokio::spawn(admin.serve(metrics, ready.clone(), crate::agent::config_view(&running), background.clone()));
+    if let Some(reloading) = reloading {
+        tokio::spawn(reload_persister(reloading, running.clone(), background.clone()));
+    }
 
     let result = async {
         let Some(mut writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
@@ -252,7 +264,7 @@ pub async fn run(config: Config, metrics: PrometheusHandle, shutdown: Cancellati
         let lag_stop = CancellationToken::new();
         let lag_task = tokio::spawn(report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
         let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
-        let run = Run { config: &config, consumer: &consumer, database_ok: &database_ok, lag: &lag };
+        let run = Run { config: &config, running: &running, consumer: &consumer, database_ok: &database_ok, lag: &lag };
         consume(&run, &mut writer, &shutdown).await;
         draining.store(true, Ordering::Relaxed);
         // The lag task holds the consumer too: stop it first so the consumer closes below.
@@ -361,17 +373,23 @@ impl Batch {
 /// What the consume loop and the batch writer share for one run.
 struct Run<'a> {
     config: &'a Config,
+    /// The running config: batch limits may change with a reload.
+    running: &'a std::sync::RwLock<Config>,
     consumer: &'a PersistConsumer,
     database_ok: &'a AtomicBool,
     lag: &'a LagClock,
 }
 
 async fn consume(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken) {
-    let Run { config, consumer, .. } = *run;
+    let Run { config, consumer, running, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batch = Batch::default();
     loop {
-        let flush_at = batch.started.map(|started| started + config.persist.batch_max_wait);
+        let (max_records, max_wait) = {
+            let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            (running.persist.batch_max_records, running.persist.batch_max_wait)
+        };
+        let flush_at = batch.started.map(|started| started + max_wait);
         let received = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
@@ -387,7 +405,7 @@ async fn consume(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToke
                     offset: message.offset(),
                 };
                 batch.add(row::parse(message.payload(), origin.clone()), &origin);
-                if batch.len() < config.persist.batch_max_records {
+                if batch.len() < max_records {
                     continue;
                 }
             }
@@ -425,7 +443,7 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// Writes a batch, retrying until it commits; then stores its offsets. Returns false if
 /// shutdown interrupted the retries (the batch's offsets are not stored: it will be re-read).
 async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken, mut batch: Batch) -> bool {
-    let Run { config, consumer, database_ok, lag } = *run;
+    let Run { config, consumer, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     loop {
         let started = Instant::now();
@@ -526,6 +544,29 @@ fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i3
         if let Err(error) = consumer.store_offsets(&tpl) {
             debug!(%error, topic, partition, "offset not stored (partition no longer assigned)");
         }
+    }
+}
+
+/// Applies new configs (log level, batch limits) as they come until `stop`.
+async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<Config>>, stop: CancellationToken) {
+    let mut watcher = match Watcher::new(reloading.path.clone()) {
+        Ok(watcher) => watcher,
+        Err(error) => return warn!(%error, "config reload disabled"),
+    };
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => break,
+            event = watcher.next() => event,
+        };
+        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let Some(plan) = reload::judge(reload::Role::Persist, &current, event) else { continue };
+        if current.log.level != plan.effective.log.level
+            && let Some(log) = &reloading.log
+            && let Err(error) = log.set_level(&plan.effective.log.level)
+        {
+            warn!(%error, "log level not changed");
+        }
+        reload::applied(&current, plan, &running);
     }
 }
 

@@ -260,7 +260,10 @@ type Producer_ = ThreadedProducer<ShipContext>;
 
 /// The agent's producer and the task that feeds it.
 pub struct Shipper {
-    config: ClientConfig,
+    /// The producer's settings; a config reload may replace them.
+    config: RwLock<ClientConfig>,
+    /// Settings waiting to be applied by the shipper's loop (a reload).
+    pending: std::sync::Mutex<Option<ClientConfig>>,
     producer: RwLock<Arc<Producer_>>,
     fatal: Arc<AtomicBool>,
     topic: String,
@@ -268,6 +271,9 @@ pub struct Shipper {
     reachable: Arc<AtomicBool>,
     reached_once: Arc<AtomicBool>,
 }
+
+/// How long a producer being replaced with new settings may take to deliver what it holds.
+const RECONFIGURE_FLUSH: Duration = Duration::from_secs(10);
 
 /// Most backlog bytes read from the spool per batch (also bounded by an eighth of the budget).
 const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
@@ -280,7 +286,8 @@ impl Shipper {
         let producer = Self::create(&client, &buffer, &fatal)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
         Ok(Self {
-            config: client,
+            config: RwLock::new(client),
+            pending: std::sync::Mutex::new(None),
             producer: RwLock::new(Arc::new(producer)),
             fatal,
             topic: config.kafka.topic.clone(),
@@ -307,11 +314,26 @@ impl Shipper {
         self.producer.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    /// Replaces a producer that reported a fatal error. The old one is dropped on the blocking
-    /// pool: its drop purges what it still held, and those records return to the buffer through
-    /// their (retryable) delivery reports.
+    /// Asks the shipper to continue with new producer settings (config reload). It replaces the
+    /// producer between batches; the old one first delivers what it holds (for up to
+    /// `RECONFIGURE_FLUSH`), and whatever it still holds then comes back to the buffer.
+    pub fn reconfigure(&self, config: &Config) {
+        let client = producer_config(config, &self.buffer);
+        *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
+        self.buffer.wake_shipper();
+    }
+
+    /// Replaces the producer: after a fatal error, or with new settings. The old one is dropped
+    /// on the blocking pool: its drop purges what it still held, and those records return to the
+    /// buffer through their (retryable) delivery reports.
     async fn recreate(&self) {
-        let fresh = match Self::create(&self.config, &self.buffer, &self.fatal) {
+        let pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        let reconfigured = pending.is_some();
+        if let Some(client) = pending {
+            *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
+        }
+        let client = self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let fresh = match Self::create(&client, &self.buffer, &self.fatal) {
             Ok(producer) => Arc::new(producer),
             Err(error) => {
                 error!(%error, "cannot create a replacement producer; retrying");
@@ -319,12 +341,26 @@ impl Shipper {
                 return;
             }
         };
-        self.fatal.store(false, Ordering::Relaxed);
         let old =
             std::mem::replace(&mut *self.producer.write().unwrap_or_else(|poisoned| poisoned.into_inner()), fresh);
-        metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(1);
-        warn!("kafka producer replaced after a fatal error");
-        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        if reconfigured {
+            info!("kafka producer replaced with new settings");
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = old.flush(RECONFIGURE_FLUSH);
+                drop(old)
+            })
+            .await;
+        } else {
+            self.fatal.store(false, Ordering::Relaxed);
+            metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(1);
+            warn!("kafka producer replaced after a fatal error");
+            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        }
+    }
+
+    fn must_recreate(&self) -> bool {
+        self.fatal.load(Ordering::Relaxed)
+            || self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
     }
 
     /// True while the last metadata request succeeded.
@@ -344,7 +380,7 @@ impl Shipper {
         let mut reader = self.buffer.spool().map(|spool| spool.reader());
         let mut prefer_backlog = true;
         loop {
-            if self.fatal.load(Ordering::Relaxed) {
+            if self.must_recreate() {
                 self.recreate().await;
             }
             let work = tokio::select! {

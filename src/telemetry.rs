@@ -100,6 +100,11 @@ pub const PERSIST_LAG_SECONDS: &str = "sluice_persist_lag_seconds";
 pub const PERSIST_REBALANCES: &str = "sluice_persist_rebalances_total";
 
 // ---- both
+/// Config reloads (SIGHUP or a changed file), by `result`: `applied`, `rejected` (did not
+/// validate; the running config stays), `unchanged`.
+pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
+/// 1 for the running config's fingerprint (`hash`), 0 for earlier ones.
+pub const CONFIG_INFO: &str = "sluice_config_info";
 /// Always 1; `version` and `git_sha` say which build runs, `role` (`agent`, `persist`) which
 /// process — alert rules join on it.
 pub const BUILD_INFO: &str = "sluice_build_info";
@@ -193,6 +198,11 @@ fn describe_all() {
     describe_counter!(PERSIST_REBALANCES, "Consumer group rebalances seen.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(READY, "1 while /readyz answers 200.");
+    describe_counter!(CONFIG_RELOADS, "Config reloads, by result.");
+    describe_gauge!(CONFIG_INFO, "1 for the running config's fingerprint.");
+    for result in ["applied", "rejected", "unchanged"] {
+        metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
     describe_gauge!(PERSIST_LAG_RECORDS, "Records in the topic not yet persisted, per partition.");
     describe_gauge!(PERSIST_LAG_SECONDS, Unit::Seconds, "Age of the last persisted record while a partition lags.");
     librdkafka::describe();
@@ -238,18 +248,40 @@ pub fn register_persist_series() {
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);
 }
 
+/// Changes the log filter of a running process (config reload).
+pub struct LogHandle(tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>);
+
+impl LogHandle {
+    /// Applies a new `log.level` directive.
+    pub fn set_level(&self, level: &str) -> Result<(), String> {
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|error| error.to_string())?;
+        self.0.reload(filter).map_err(|error| error.to_string())
+    }
+}
+
 /// Installs the `tracing` subscriber for sluice's own logs (stderr). Call once, from `main`.
-pub fn init_logging(config: &LogConfig) {
+/// `format = "auto"` writes JSON unless stderr is a terminal. Returns the handle that changes
+/// the level later, or `None` if a subscriber was already installed (tests).
+pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
+    use std::io::IsTerminal as _;
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = tracing_subscriber::EnvFilter::try_new(&config.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    // Another subscriber may already be installed (tests); that is not an error.
-    let _ = match config.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let terminal = std::io::stderr().is_terminal();
+    let json = match config.format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !terminal,
     };
+    let registry = tracing_subscriber::registry().with(filter);
+    let installed = if json {
+        registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).try_init()
+    } else {
+        registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(terminal)).try_init()
+    };
+    installed.ok().map(|()| LogHandle(handle))
 }

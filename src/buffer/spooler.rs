@@ -27,8 +27,8 @@ const HOUSEKEEPING: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_millis(100);
 
 /// Runs until `stop` is cancelled and the intake is empty, then seals the active segment.
-pub async fn run(buffer: Buffer, writer: SpoolWriter, when_full: WhenFull, fsync: Fsync, stop: CancellationToken) {
-    let mut task = Spooler { buffer, writer: Some(writer), when_full, fsync, unsynced_acks: Vec::new() };
+pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: CancellationToken) {
+    let mut task = Spooler { buffer, writer: Some(writer), fsync, unsynced_acks: Vec::new() };
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut housekeeping = tokio::time::interval(match fsync {
         Fsync::Interval(every) => every.min(HOUSEKEEPING),
@@ -68,7 +68,6 @@ struct Spooler {
     buffer: Buffer,
     /// Taken while a blocking call uses it.
     writer: Option<SpoolWriter>,
-    when_full: WhenFull,
     fsync: Fsync,
     /// `spooled` acks of records written but not yet synced (interval policy).
     unsynced_acks: Vec<Ack>,
@@ -115,8 +114,8 @@ impl Spooler {
             self.after_sync(synced);
             if let Some(error) = failure {
                 metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "write").increment(1);
-                error!(%error, unwritten = records.len(), policy = self.when_full.as_str(), "spool write failed");
-                match self.when_full {
+                error!(%error, unwritten = records.len(), policy = self.buffer.policy().when_full.as_str(), "spool write failed");
+                match self.buffer.policy().when_full {
                     // Keep the records and try again: readers feel it as backpressure.
                     WhenFull::Block => {
                         if !self.pause(stop).await {
@@ -148,7 +147,7 @@ impl Spooler {
             if fits {
                 return true;
             }
-            match self.when_full {
+            match self.buffer.policy().when_full {
                 WhenFull::DropNewest => {
                     // Keep the oldest records that fit; only the newest ones are dropped.
                     let spool = self.buffer.spool().expect("spool");

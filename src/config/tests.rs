@@ -136,3 +136,58 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
     assert_eq!(invalid_key("[buffer]\ntype = \"disk\"\nmax_disk_bytes = \"100 KiB\"\n"), "buffer.max_disk_bytes");
     assert!(Config::from_toml("[buffer]\nfsync = \"sometimes\"\n").is_err());
 }
+
+mod reloading {
+    use super::super::reload::{Role, changed_keys, fingerprint, plan};
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::from_toml(text).expect("valid")
+    }
+
+    #[test]
+    fn changed_keys_are_dotted_paths_down_to_the_leaf() {
+        let old = config("[ship.properties]\n\"socket.timeout.ms\" = \"1000\"\n");
+        let new =
+            config("[buffer]\nwhen_full = \"drop_oldest\"\n[ship.properties]\n\"socket.timeout.ms\" = \"2000\"\n");
+        assert_eq!(changed_keys(&old, &new), vec!["buffer.when_full", "ship.properties.socket.timeout.ms"]);
+        assert!(changed_keys(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn the_agent_applies_policy_ship_and_log_changes_and_keeps_the_rest_until_a_restart() {
+        let old = config("");
+        let new = config(
+            "[log]\nlevel = \"debug\"\n[buffer]\nwhen_full = \"drop_newest\"\nmax_bytes = \"32 MiB\"\n\
+             [ship]\nlinger = \"50ms\"\n[ingest]\nsocket = \"/elsewhere.sock\"\n[persist]\nbatch_max_records = 10\n",
+        );
+        let plan = plan(Role::Agent, &old, &new);
+        assert_eq!(plan.live, vec!["buffer.when_full", "log.level", "ship.linger"]);
+        assert_eq!(plan.restart, vec!["buffer.max_bytes", "ingest.socket"], "persist keys are not the agent's");
+        assert_eq!(plan.effective.buffer.when_full, WhenFull::DropNewest);
+        assert_eq!(plan.effective.ship.linger, Duration::from_millis(50));
+        assert_eq!(plan.effective.buffer.max_bytes, old.buffer.max_bytes, "kept until a restart");
+        assert_eq!(plan.effective.ingest.socket, old.ingest.socket);
+    }
+
+    #[test]
+    fn the_persister_applies_batch_limits_and_log_level_only() {
+        let old = config("");
+        let new =
+            config("[persist]\nbatch_max_records = 10\ngroup_id = \"other\"\n[buffer]\nwhen_full = \"drop_newest\"\n");
+        let plan = plan(Role::Persist, &old, &new);
+        assert_eq!(plan.live, vec!["persist.batch_max_records"]);
+        assert_eq!(plan.restart, vec!["persist.group_id"]);
+        assert_eq!(plan.effective.persist.batch_max_records, 10);
+        assert_eq!(plan.effective.persist.group_id, old.persist.group_id);
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_the_config_and_only_then() {
+        let a = config("");
+        let b = config("[ship]\nlinger = \"50ms\"\n");
+        assert_eq!(fingerprint(&a), fingerprint(&config("")));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_eq!(fingerprint(&a).len(), 8);
+    }
+}

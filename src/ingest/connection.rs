@@ -189,7 +189,7 @@ impl<'a> RecordReader<'a> {
         };
         let now = chrono::Utc::now();
         self.context.envelopes.write(text, &self.peer_fragment, now, &mut self.scratch);
-        let key = match &self.context.key {
+        let key = match &*self.context.key.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
             KeyRule::None => None,
             KeyRule::Fixed(key) => Some(key.clone()),
             KeyRule::Field(field) => field_key(text, field),

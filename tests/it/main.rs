@@ -7,5 +7,6 @@ mod ingest;
 mod lifecycle;
 mod observability;
 mod pipeline;
+mod reload;
 mod schema;
 mod support;

@@ -146,11 +146,26 @@ impl TestConfig {
         self.get("postgres", "schema").to_string()
     }
 
-    /// Writes the config to a file in the test's directory.
+    /// Writes the config to a new file in the test's directory.
     pub fn write(&self) -> PathBuf {
         let path = self.dir.path().join(format!("sluice-{}.toml", unique("cfg")));
-        std::fs::write(&path, toml::to_string(&self.table).expect("serialise config")).expect("write config");
+        self.write_to(&path);
         path
+    }
+
+    /// Writes the config to `path` (replacing it).
+    pub fn write_to(&self, path: &Path) {
+        std::fs::write(path, toml::to_string(&self.table).expect("serialise config")).expect("write config");
+    }
+
+    /// Starts `sluice agent` on the config file at `path` (which a test may change later) and
+    /// waits until it is listening.
+    pub async fn spawn_agent_at(&self, path: &Path) -> Process {
+        let agent =
+            Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], self.dir.path());
+        let socket = self.socket();
+        eventually("socket", || async { socket.exists().then_some(()) }).await;
+        agent
     }
 }
 

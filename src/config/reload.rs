@@ -1,0 +1,241 @@
+//! Config reload: on SIGHUP, or when the file's content changes. A Kubernetes ConfigMap update
+//! arrives as a swap of a `..data` symlink, so the file is compared by content every few seconds
+//! rather than watched by inode.
+//!
+//! Owns: noticing a new config, validating it (an invalid one is rejected and the old one keeps
+//! running), and saying which keys changed and which of them a running process can take. Must
+//! not: apply anything itself (the agent and the persister do, each for its own keys).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::warn;
+
+use super::{Config, ConfigError};
+use crate::telemetry;
+
+/// How often the file's content is compared with what is running.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Which process is reloading: each reads only its own sections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `sluice agent`
+    Agent,
+    /// `sluice persist`
+    Persist,
+}
+
+impl Role {
+    fn sections(self) -> &'static [&'static str] {
+        match self {
+            Role::Agent => &["log", "kafka", "agent", "ingest", "buffer", "ship"],
+            Role::Persist => &["log", "kafka", "persist", "postgres"],
+        }
+    }
+
+    /// Keys (or key prefixes ending in `.`) a running process of this role applies live.
+    fn live(self) -> &'static [&'static str] {
+        match self {
+            // Ship settings and Kafka connection settings are applied by replacing the producer,
+            // which hands every record it held back to the buffer: nothing is lost.
+            Role::Agent => &[
+                "log.level",
+                "buffer.when_full",
+                "buffer.block_timeout",
+                "ship.",
+                "kafka.brokers",
+                "kafka.properties.",
+            ],
+            Role::Persist => &["log.level", "persist.batch_max_records", "persist.batch_max_wait"],
+        }
+    }
+}
+
+/// What a new config means for a running process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The config to run from now on: the new values of live keys, the old values of the rest.
+    pub effective: Config,
+    /// Changed keys that take effect now.
+    pub live: Vec<String>,
+    /// Changed keys that need a restart (they keep their old values meanwhile).
+    pub restart: Vec<String>,
+}
+
+/// Compares `new` with the running config for `role`.
+pub fn plan(role: Role, running: &Config, new: &Config) -> Plan {
+    let changed = changed_keys(running, new);
+    let relevant: Vec<String> = changed
+        .into_iter()
+        .filter(|key| role.sections().iter().any(|section| key.split('.').next() == Some(*section)))
+        .collect();
+    let is_live = |key: &String| {
+        role.live().iter().any(|live| if live.ends_with('.') { key.starts_with(live) } else { key == live })
+    };
+    let (live, restart): (Vec<String>, Vec<String>) = relevant.into_iter().partition(is_live);
+    let mut effective = running.clone();
+    if !live.is_empty() {
+        effective.log.level = new.log.level.clone();
+        match role {
+            Role::Agent => {
+                effective.buffer.when_full = new.buffer.when_full;
+                effective.buffer.block_timeout = new.buffer.block_timeout;
+                effective.ship = new.ship.clone();
+                effective.kafka.brokers = new.kafka.brokers.clone();
+                effective.kafka.properties = new.kafka.properties.clone();
+            }
+            Role::Persist => {
+                effective.persist.batch_max_records = new.persist.batch_max_records;
+                effective.persist.batch_max_wait = new.persist.batch_max_wait;
+            }
+        }
+    }
+    Plan { effective, live, restart }
+}
+
+/// Dotted keys whose values differ between two configs.
+pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+    let (Ok(old), Ok(new)) = (toml::Value::try_from(old), toml::Value::try_from(new)) else {
+        return vec!["<config>".into()];
+    };
+    let mut keys = Vec::new();
+    diff("", &old, &new, &mut keys);
+    keys
+}
+
+fn diff(prefix: &str, old: &toml::Value, new: &toml::Value, keys: &mut Vec<String>) {
+    match (old, new) {
+        (toml::Value::Table(old), toml::Value::Table(new)) => {
+            let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+            for name in names {
+                let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+                match (old.get(name), new.get(name)) {
+                    (Some(a), Some(b)) => diff(&key, a, b, keys),
+                    _ => keys.push(key),
+                }
+            }
+        }
+        (old, new) if old != new => keys.push(prefix.to_string()),
+        _ => {}
+    }
+}
+
+/// A short, stable fingerprint of a config (CRC-32C of its canonical TOML), for
+/// `sluice_config_info{hash}` and logs.
+pub fn fingerprint(config: &Config) -> String {
+    let text = toml::to_string(config).unwrap_or_default();
+    format!("{:08x}", crc32c::crc32c(text.as_bytes()))
+}
+
+/// Publishes the running config's fingerprint (and retires the previous one).
+pub fn publish(previous: Option<&str>, current: &str) {
+    if let Some(previous) = previous.filter(|previous| *previous != current) {
+        metrics::gauge!(telemetry::CONFIG_INFO, "hash" => previous.to_string()).set(0.0);
+    }
+    metrics::gauge!(telemetry::CONFIG_INFO, "hash" => current.to_string()).set(1.0);
+}
+
+/// What `main` hands a subcommand so it can reload: the config file and the log filter.
+pub struct Reloading {
+    /// The config file to watch.
+    pub path: PathBuf,
+    /// Changes the log level; `None` when logging was set up by someone else (tests).
+    pub log: Option<telemetry::LogHandle>,
+}
+
+/// Counts one reload attempt by `result` (`applied`, `rejected`, `unchanged`).
+pub fn count(result: &'static str) {
+    metrics::counter!(telemetry::CONFIG_RELOADS, "result" => result).increment(1);
+}
+
+/// Decides what to do with a watcher event: `None` when there is nothing to apply (rejected or
+/// unchanged, already logged and counted), otherwise the plan.
+pub fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
+    let new = match event {
+        Event::Valid(new) => new,
+        Event::Invalid(error) => {
+            tracing::error!(%error, "config reload rejected; the running config stays");
+            count("rejected");
+            return None;
+        }
+    };
+    let plan = plan(role, running, &new);
+    if !plan.restart.is_empty() {
+        warn!(keys = ?plan.restart, "these settings change only with a restart; they keep their running values");
+    }
+    if plan.live.is_empty() {
+        tracing::info!("config reloaded; nothing that runs changed");
+        count("unchanged");
+        return None;
+    }
+    Some(plan)
+}
+
+/// Records an applied plan: the running config, its fingerprint, the log line and the count.
+pub fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
+    let (before, after) = (fingerprint(previous), fingerprint(&plan.effective));
+    publish(Some(&before), &after);
+    tracing::info!(keys = ?plan.live, hash = %after, "config reloaded");
+    *running.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.effective;
+    count("applied");
+}
+
+/// What the watcher saw.
+#[derive(Debug)]
+pub enum Event {
+    /// A new, valid config.
+    Valid(Box<Config>),
+    /// A new config that does not validate; the old one keeps running.
+    Invalid(ConfigError),
+}
+
+/// Notices new configs: SIGHUP, or the file's content changing.
+pub struct Watcher {
+    path: PathBuf,
+    last: Option<u32>,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Watcher {
+    /// Watches `path`, whose current content is what runs.
+    pub fn new(path: PathBuf) -> std::io::Result<Self> {
+        let last = std::fs::read(&path).ok().map(|bytes| crc32c::crc32c(&bytes));
+        Ok(Self { path, last, hangup: signal(SignalKind::hangup())? })
+    }
+
+    /// Waits for the next new config. SIGHUP always reloads; otherwise only a change of the
+    /// file's bytes does.
+    pub async fn next(&mut self) -> Event {
+        loop {
+            let forced = tokio::select! {
+                _ = self.hangup.recv() => true,
+                _ = tokio::time::sleep(POLL_INTERVAL) => false,
+            };
+            let bytes = match tokio::fs::read(&self.path).await {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    if forced {
+                        warn!(%error, path = %self.path.display(), "cannot read the config file to reload it");
+                    }
+                    continue;
+                }
+            };
+            let checksum = crc32c::crc32c(&bytes);
+            if !forced && self.last == Some(checksum) {
+                continue;
+            }
+            self.last = Some(checksum);
+            let path = self.path.clone();
+            return match tokio::task::spawn_blocking(move || Config::load(&path)).await {
+                Ok(Ok(config)) => Event::Valid(Box::new(config)),
+                Ok(Err(error)) => Event::Invalid(error),
+                Err(error) => Event::Invalid(ConfigError::Parse {
+                    file: self.path.display().to_string(),
+                    message: error.to_string(),
+                }),
+            };
+        }
+    }
+}
