@@ -16,4 +16,5 @@ pub mod ingest;
 pub mod persist;
 pub mod ship;
 pub mod shutdown;
+pub mod status;
 pub mod telemetry;

@@ -53,6 +53,15 @@ enum Command {
         /// Records to send; without any, stdin is sent (one record per line).
         messages: Vec<String>,
     },
+    /// Show a compact live view of an agent or a persister, read from its admin port.
+    Status {
+        /// The admin address (the agent's `agent.admin_listen` or the persister's).
+        #[arg(default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+        /// Time between the two scrapes the rates come from.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+    },
     /// Write sample records to an agent's socket (demo and smoke tests, not benchmarks).
     Loadgen {
         /// The agent's socket.
@@ -82,6 +91,12 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Agent { config } => serve(&config, Role::Agent),
         Command::Persist { config } => serve(&config, Role::Persist),
+        Command::Status { admin, interval } => report(runtime().and_then(|rt| {
+            rt.block_on(async {
+                print!("{}", sluice::status::status(admin, interval).await?);
+                Ok(())
+            })
+        })),
         Command::Send { socket, messages } => report(runtime().and_then(|rt| {
             rt.block_on(async {
                 client::send(&socket, &messages, tokio::io::stdin())

@@ -1,0 +1,300 @@
+//! `sluice status`: a compact live view of an agent or a persister, read from its admin port,
+//! for `kubectl exec … -- sluice status`.
+//!
+//! Owns: reading two scrapes a moment apart and turning them into a few lines an operator can
+//! read at a glance (rates, depth, age, drops, lag). Must not: need anything but the admin port
+//! (no Prometheus server), or print more than fits a terminal.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Why the status could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The admin port did not answer.
+    #[error("cannot read {address}{path}: {source}")]
+    Http {
+        /// The admin address.
+        address: SocketAddr,
+        /// The path asked for.
+        path: &'static str,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// The scrape is not from sluice.
+    #[error("{0} does not look like a sluice admin port (no sluice_build_info)")]
+    NotSluice(SocketAddr),
+}
+
+/// One scrape, by series (`name{labels}`) and by name (summed over labels).
+#[derive(Debug, Default, Clone)]
+pub struct Scrape {
+    series: BTreeMap<String, f64>,
+}
+
+impl Scrape {
+    /// Parses Prometheus text exposition (comments ignored).
+    pub fn parse(text: &str) -> Self {
+        let series = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                Some((series.to_string(), value.parse().ok()?))
+            })
+            .collect();
+        Self { series }
+    }
+
+    /// The sum of every series of `name` whose labels contain all of `labels` (`key="value"`).
+    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
+        self.series
+            .iter()
+            .filter(|(series, _)| {
+                let base = series.split('{').next().unwrap_or_default();
+                base == name && labels.iter().all(|label| series.contains(label))
+            })
+            .map(|(_, value)| value)
+            .sum::<f64>()
+            + 0.0 // an empty sum is -0.0; show 0
+    }
+
+    /// Values of `name` by the value of label `key`.
+    pub fn by_label(&self, name: &str, key: &str) -> BTreeMap<String, f64> {
+        let prefix = format!("{name}{{");
+        let needle = format!("{key}=\"");
+        self.series
+            .iter()
+            .filter(|(series, _)| series.starts_with(&prefix))
+            .filter_map(|(series, value)| {
+                let start = series.find(&needle)? + needle.len();
+                let end = series[start..].find('"')? + start;
+                Some((series[start..end].to_string(), *value))
+            })
+            .collect()
+    }
+
+    /// The value of label `key` on the first series of `name`.
+    pub fn label(&self, name: &str, key: &str) -> Option<String> {
+        self.by_label(name, key).into_keys().next()
+    }
+
+    /// A quantile estimated from a histogram's buckets (linear within a bucket), or `None`.
+    pub fn quantile(&self, name: &str, q: f64) -> Option<f64> {
+        let mut buckets: Vec<(f64, f64)> = self
+            .by_label(&format!("{name}_bucket"), "le")
+            .into_iter()
+            .filter_map(|(le, count)| Some((if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? }, count)))
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total = buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let target = q * total;
+        let mut previous = (0.0, 0.0);
+        for (bound, count) in buckets {
+            if count >= target {
+                if bound.is_infinite() {
+                    return Some(previous.0);
+                }
+                let span = (count - previous.1).max(f64::EPSILON);
+                return Some(previous.0 + (bound - previous.0) * (target - previous.1) / span);
+            }
+            previous = (bound, count);
+        }
+        None
+    }
+}
+
+/// Reads `path` from the admin server at `address` (plain HTTP/1.0, no client library needed).
+pub async fn fetch(address: SocketAddr, path: &'static str) -> Result<String, StatusError> {
+    let http = |source| StatusError::Http { address, path, source };
+    let request = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+    };
+    tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .map_err(|_| http(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 5s")))?
+        .map_err(http)
+}
+
+/// Takes two scrapes `interval` apart and renders the view.
+pub async fn status(address: SocketAddr, interval: Duration) -> Result<String, StatusError> {
+    let first = Scrape::parse(&fetch(address, "/metrics").await?);
+    let started = Instant::now();
+    tokio::time::sleep(interval).await;
+    let second = Scrape::parse(&fetch(address, "/metrics").await?);
+    let ready = fetch(address, "/readyz").await.unwrap_or_default();
+    if second.sum("sluice_build_info", &[]) == 0.0 {
+        return Err(StatusError::NotSluice(address));
+    }
+    Ok(render(&first, &second, started.elapsed(), ready.trim()))
+}
+
+fn rate(first: &Scrape, second: &Scrape, name: &str, labels: &[&str], seconds: f64) -> f64 {
+    ((second.sum(name, labels) - first.sum(name, labels)) / seconds).max(0.0)
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+/// The view, from two scrapes `elapsed` apart.
+pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -> String {
+    let seconds = elapsed.as_secs_f64().max(0.001);
+    let role = second.label("sluice_build_info", "role").unwrap_or_else(|| "?".into());
+    let version = second.label("sluice_build_info", "version").unwrap_or_default();
+    let sha = second.label("sluice_build_info", "git_sha").unwrap_or_default();
+    let mut out =
+        format!("sluice {role} {version} ({sha}) — {}\n", if ready.is_empty() { "no /readyz answer" } else { ready });
+    let reasons = |name: &str| {
+        let counts = second.by_label(name, "reason");
+        let parts: Vec<String> = counts
+            .iter()
+            .filter(|(_, count)| **count > 0.0)
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        if parts.is_empty() { "none".to_string() } else { parts.join(", ") }
+    };
+    if role == "agent" {
+        let _ = writeln!(
+            out,
+            "records   in {:.0}/s   out {:.0}/s   total in {} out {}",
+            rate(first, second, "sluice_ingest_records_total", &[], seconds),
+            rate(first, second, "sluice_ship_records_delivered_total", &[], seconds),
+            second.sum("sluice_ingest_records_total", &[]),
+            second.sum("sluice_ship_records_delivered_total", &[]),
+        );
+        let held = second.sum("sluice_buffer_bytes", &[]);
+        let capacity = second.sum("sluice_buffer_capacity_bytes", &[]).max(1.0);
+        let _ = writeln!(
+            out,
+            "buffer    {} records, {} of {} ({:.0}%)   oldest waiting {:.1} s",
+            second.sum("sluice_buffer_records", &[]),
+            mib(held),
+            mib(capacity),
+            100.0 * held / capacity,
+            second.sum("sluice_buffer_oldest_record_age_seconds", &[]),
+        );
+        if second.sum("sluice_spool_capacity_bytes", &[]) > 0.0 {
+            let _ = writeln!(
+                out,
+                "spool     {} records, {} of {}   write errors {}",
+                second.sum("sluice_spool_records", &[]),
+                mib(second.sum("sluice_spool_bytes", &[])),
+                mib(second.sum("sluice_spool_capacity_bytes", &[])),
+                second.sum("sluice_spool_errors_total", &[]),
+            );
+        }
+        let p99 = second.quantile("sluice_ship_delivery_latency_seconds", 0.99);
+        let _ = writeln!(
+            out,
+            "kafka     {}   in flight {}   delivery errors {:.1}/s   p99 ingest→ack {}",
+            if second.sum("sluice_kafka_reachable", &[]) > 0.0 { "reachable" } else { "UNREACHABLE" },
+            second.sum("sluice_kafka_requests_in_flight", &[]),
+            rate(first, second, "sluice_ship_delivery_errors_total", &[], seconds),
+            p99.map_or("-".into(), |p| format!("{:.0} ms", p * 1000.0)),
+        );
+        let _ = writeln!(out, "dropped   {}", reasons("sluice_buffer_records_dropped_total"));
+        let _ = writeln!(out, "rejected  {}", reasons("sluice_ingest_records_rejected_total"));
+        let _ = writeln!(out, "given up  {}", reasons("sluice_ship_records_failed_total"));
+    } else {
+        let p99 = second.quantile("sluice_persist_batch_duration_seconds", 0.99);
+        let _ = writeln!(
+            out,
+            "rows      {:.0}/s   batches {:.1}/s   p99 batch {}   write errors {}",
+            rate(first, second, "sluice_persist_rows_written_total", &[], seconds),
+            rate(first, second, "sluice_persist_batches_total", &[], seconds),
+            p99.map_or("-".into(), |p| format!("{:.0} ms", p * 1000.0)),
+            second.sum("sluice_persist_write_errors_total", &[]),
+        );
+        let lag = second.by_label("sluice_persist_lag_records", "partition");
+        let behind = second.by_label("sluice_persist_lag_seconds", "partition").into_values().fold(0.0, f64::max);
+        let parts: Vec<String> = lag.iter().map(|(partition, records)| format!("p{partition} {records}")).collect();
+        let _ = writeln!(
+            out,
+            "lag       {} records ({})   {:.1} s behind   partitions held {}",
+            lag.values().sum::<f64>() + 0.0,
+            if parts.is_empty() { "none assigned".into() } else { parts.join(", ") },
+            behind,
+            second.sum("sluice_persist_assigned_partitions", &[]),
+        );
+        let _ = writeln!(out, "dead      {}", reasons("sluice_persist_dead_letters_total"));
+    }
+    let _ = writeln!(
+        out,
+        "config    {}   reloads applied {} rejected {}",
+        second
+            .by_label("sluice_config_info", "hash")
+            .into_iter()
+            .find(|(_, value)| *value > 0.0)
+            .map_or("-".into(), |(hash, _)| hash),
+        second.sum("sluice_config_reloads_total", &["result=\"applied\""]),
+        second.sum("sluice_config_reloads_total", &["result=\"rejected\""]),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AGENT: &str = r#"
+# TYPE sluice_build_info gauge
+sluice_build_info{version="0.1.0",git_sha="abc",role="agent"} 1
+sluice_ingest_records_total 100
+sluice_ship_records_delivered_total 90
+sluice_buffer_records 10
+sluice_buffer_bytes 1048576
+sluice_buffer_capacity_bytes 4194304
+sluice_buffer_oldest_record_age_seconds 2.5
+sluice_kafka_reachable 1
+sluice_buffer_records_dropped_total{reason="drop_newest"} 3
+sluice_buffer_records_dropped_total{reason="corrupt"} 0
+sluice_ship_delivery_latency_seconds_bucket{le="0.01"} 50
+sluice_ship_delivery_latency_seconds_bucket{le="0.1"} 100
+sluice_ship_delivery_latency_seconds_bucket{le="+Inf"} 100
+sluice_config_info{hash="deadbeef"} 1
+"#;
+
+    #[test]
+    fn the_agent_view_shows_rates_depth_age_and_drops() {
+        let first = Scrape::parse(AGENT);
+        let second =
+            Scrape::parse(&AGENT.replace("sluice_ingest_records_total 100", "sluice_ingest_records_total 300"));
+        let view = render(&first, &second, Duration::from_secs(2), "ready");
+        assert!(view.starts_with("sluice agent 0.1.0 (abc) — ready"), "{view}");
+        assert!(view.contains("in 100/s"), "{view}");
+        assert!(view.contains("1.0 MiB of 4.0 MiB (25%)   oldest waiting 2.5 s"), "{view}");
+        assert!(view.contains("dropped   drop_newest 3"), "{view}");
+        assert!(view.contains("p99 ingest→ack 98 ms"), "{view}");
+        assert!(view.contains("config    deadbeef"), "{view}");
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_a_bucket() {
+        let scrape = Scrape::parse(AGENT);
+        let p50 = scrape.quantile("sluice_ship_delivery_latency_seconds", 0.5).expect("p50");
+        assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
+        assert_eq!(scrape.quantile("sluice_nothing", 0.5), None);
+    }
+
+    #[test]
+    fn the_persister_view_shows_lag_per_partition() {
+        let text = "sluice_build_info{version=\"0.1.0\",git_sha=\"abc\",role=\"persist\"} 1\n\
+                    sluice_persist_lag_records{partition=\"0\"} 5\nsluice_persist_lag_records{partition=\"1\"} 7\n\
+                    sluice_persist_lag_seconds{partition=\"1\"} 3.5\n";
+        let scrape = Scrape::parse(text);
+        let view = render(&scrape, &scrape, Duration::from_secs(1), "ready");
+        assert!(view.contains("lag       12 records (p0 5, p1 7)   3.5 s behind"), "{view}");
+    }
+}
