@@ -246,6 +246,9 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
         .map_err(|error| AgentError::Spool { path: dir.clone(), source: std::io::Error::other(error) })?
         .map_err(|source| AgentError::Spool { path: dir.clone(), source })?;
     metrics::counter!(telemetry::SPOOL_RECOVERED).increment(recovered.records);
+    for op in ["write", "fsync", "read"] {
+        metrics::counter!(telemetry::SPOOL_ERRORS, "op" => op).increment(0);
+    }
     metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(recovered.corrupt_regions);
     let buffer = Buffer::with_spool(&config.buffer, spool, writer.end());
     Ok((buffer, Some(writer)))

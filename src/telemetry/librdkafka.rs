@@ -32,6 +32,9 @@ pub fn describe() {
     describe_gauge!(REQUESTS_IN_FLIGHT, "Kafka requests waiting to be sent or answered.");
     describe_gauge!(BROKER_RTT, Unit::Seconds, "Average broker round-trip time, per broker.");
     describe_counter!(ERRORS, "Kafka transport errors, by reason.");
+    for reason in ["send", "receive", "timeout"] {
+        metrics::counter!(ERRORS, REASON => reason).increment(0);
+    }
 }
 
 /// Turns librdkafka's cumulative error counts into increments.

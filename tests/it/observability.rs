@@ -85,6 +85,17 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
         assert!(missing.is_empty(), "{source} uses metrics no real scrape exposes: {missing:?}");
     }
 
+    // Every metric a real scrape exposes is documented, and docs/METRICS.md names no other.
+    let documented = metric_names(include_str!("../../docs/METRICS.md"));
+    let base = |name: &String| {
+        ["_bucket", "_sum", "_count"].iter().find_map(|suffix| name.strip_suffix(suffix)).unwrap_or(name).to_string()
+    };
+    let exposed_base: BTreeSet<String> = exposed.iter().map(base).collect();
+    let undocumented: Vec<_> = exposed_base.difference(&documented).collect();
+    assert!(undocumented.is_empty(), "docs/METRICS.md lacks {undocumented:?}");
+    let stale: Vec<_> = documented.difference(&exposed_base).collect();
+    assert!(stale.is_empty(), "docs/METRICS.md names metrics no scrape exposes: {stale:?}");
+
     // Plausible values, not just names.
     assert_eq!(agent.count("sluice_ingest_records_total", &[]), 501.0);
     assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 501.0);
