@@ -117,11 +117,33 @@ pub struct KafkaConfig {
     /// and must be set through their own key. Values of keys that look secret are redacted
     /// when shown.
     pub properties: BTreeMap<String, String>,
+    /// librdkafka properties whose values are secrets, read from environment variables (a
+    /// Kubernetes Secret) at start: property name → variable name, e.g.
+    /// `"sasl.password" = "SLUICE_KAFKA_SASL_PASSWORD"`. A missing variable is a config error.
+    pub properties_from_env: BTreeMap<String, String>,
 }
 
 impl Default for KafkaConfig {
     fn default() -> Self {
-        Self { brokers: "127.0.0.1:9092".into(), topic: "sluice-logs".into(), properties: BTreeMap::new() }
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "sluice-logs".into(),
+            properties: BTreeMap::new(),
+            properties_from_env: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// `properties` and the values of `properties_from_env`, for a librdkafka client.
+    pub fn client_properties(&self) -> BTreeMap<String, String> {
+        let mut properties = self.properties.clone();
+        for (property, variable) in &self.properties_from_env {
+            if let Ok(value) = std::env::var(variable) {
+                properties.insert(property.clone(), value);
+            }
+        }
+        properties
     }
 }
 
@@ -451,6 +473,11 @@ pub struct PostgresConfig {
     /// How long one connection attempt may take. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// The CA certificate (PEM) that signed the server's certificate, when it is not one the
+    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` (the default: TLS
+    /// when the server offers it) or `require`; with TLS the certificate and host name are
+    /// always verified.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for PostgresConfig {
@@ -459,6 +486,7 @@ impl Default for PostgresConfig {
             url: "postgres://postgres@127.0.0.1:5432/sluice".into(),
             schema: "sluice".into(),
             connect_timeout: Duration::from_secs(10),
+            ca_file: None,
         }
     }
 }
@@ -564,8 +592,17 @@ impl Config {
                 format!("`{}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)", self.kafka.topic),
             ));
         }
+        for (property, variable) in &self.kafka.properties_from_env {
+            if std::env::var_os(variable).is_none() {
+                return Err(invalid(
+                    &format!("kafka.properties_from_env.\"{property}\""),
+                    format!("environment variable {variable} is not set"),
+                ));
+            }
+        }
         for (section, properties) in [
             ("kafka.properties", &self.kafka.properties),
+            ("kafka.properties_from_env", &self.kafka.properties_from_env),
             ("ship.properties", &self.ship.properties),
             ("persist.properties", &self.persist.properties),
         ] {

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod envelope;
 pub mod ingest;
+pub mod inject;
 pub mod persist;
 pub mod ship;
 pub mod shutdown;

@@ -62,6 +62,37 @@ enum Command {
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         interval: std::time::Duration,
     },
+    /// Add the agent as a sidecar to Kubernetes workloads (YAML on stdin or from a file, to stdout),
+    /// exactly as the Helm chart's named templates do: `kubectl get deploy x -o yaml | sluice inject`.
+    Inject {
+        /// The manifest; stdin when absent.
+        file: Option<PathBuf>,
+        /// The ConfigMap holding the agent's config (the chart creates `<release>-sluice-agent`).
+        #[arg(long, default_value = "sluice-sluice-agent")]
+        config_map: String,
+        /// The sluice image.
+        #[arg(long, default_value = concat!("ghcr.io/sluice-logs/sluice:", env!("CARGO_PKG_VERSION")))]
+        image: String,
+        /// A regular container with a preStop wait instead of a native sidecar (Kubernetes < 1.29).
+        #[arg(long)]
+        no_native: bool,
+        /// The app container whose logs these are (default: the first container).
+        #[arg(long)]
+        app_container: Option<String>,
+        /// `disk` (a spool on an emptyDir) or `memory`.
+        #[arg(long, default_value = "disk", value_parser = ["disk", "memory"])]
+        buffer: String,
+        /// The spool emptyDir's size limit.
+        #[arg(long, default_value = "512Mi")]
+        spool_size_limit: String,
+    },
+    /// Wait, then exit: the preStop hook of a sidecar that is not native, so the app's last lines
+    /// arrive while the agent still accepts (Kubernetes sends SIGTERM only after the hook).
+    PreStop {
+        /// How long to wait.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Write sample records to an agent's socket (demo and smoke tests, not benchmarks).
     Loadgen {
         /// The agent's socket.
@@ -97,6 +128,32 @@ fn main() -> ExitCode {
                 Ok(())
             })
         })),
+        Command::Inject { file, config_map, image, no_native, app_container, buffer, spool_size_limit } => {
+            let options = sluice::inject::Options {
+                config_map,
+                image,
+                native: !no_native,
+                app_container,
+                buffer,
+                spool_size_limit,
+                ..sluice::inject::Options::default()
+            };
+            let input = match &file {
+                Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display())),
+                None => std::io::read_to_string(std::io::stdin()).context("reading stdin"),
+            };
+            match input.and_then(|text| sluice::inject::inject(&text, &options).map_err(anyhow::Error::from)) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("sluice inject: {error:#}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            }
+        }
+        Command::PreStop { wait } => report(runtime().map(|rt| rt.block_on(tokio::time::sleep(wait)))),
         Command::Send { socket, messages } => report(runtime().and_then(|rt| {
             rt.block_on(async {
                 client::send(&socket, &messages, tokio::io::stdin())

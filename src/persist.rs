@@ -58,6 +58,9 @@ pub enum PersistError {
     /// A PostgreSQL error.
     #[error("postgres: {}", describe_postgres(.0))]
     Postgres(#[source] tokio_postgres::Error),
+    /// The TLS settings could not be loaded (`postgres.ca_file`).
+    #[error("postgres TLS: {0}")]
+    Tls(String),
     /// Connecting took longer than `postgres.connect_timeout`.
     #[error("postgres: connection attempt timed out")]
     ConnectTimeout,
@@ -86,7 +89,17 @@ fn describe_postgres(error: &tokio_postgres::Error) -> String {
             }
             text
         }
-        None => error.to_string(),
+        None => {
+            // "error performing TLS handshake" alone does not say what to fix: add the causes.
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 
@@ -202,7 +215,7 @@ type PersistConsumer = StreamConsumer<PersistContext>;
 
 fn consumer_config(config: &Config) -> ClientConfig {
     let mut client = ClientConfig::new();
-    for (key, value) in config.kafka.properties.iter().chain(config.persist.properties.iter()) {
+    for (key, value) in config.kafka.client_properties().iter().chain(config.persist.properties.iter()) {
         client.set(key, value);
     }
     client

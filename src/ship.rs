@@ -112,7 +112,7 @@ fn snake_case(name: &str) -> String {
 /// The librdkafka settings for the agent's producer.
 pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     let mut client = ClientConfig::new();
-    for (key, value) in config.kafka.properties.iter().chain(config.ship.properties.iter()) {
+    for (key, value) in config.kafka.client_properties().iter().chain(config.ship.properties.iter()) {
         client.set(key, value);
     }
     // librdkafka's queue holds a subset of the buffer's records (each keeps its lease while

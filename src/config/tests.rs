@@ -191,3 +191,13 @@ mod reloading {
         assert_eq!(fingerprint(&a).len(), 8);
     }
 }
+
+#[test]
+fn secret_kafka_properties_come_from_the_environment_and_are_never_shown() {
+    // SAFETY of the test: a variable name no other test uses.
+    let variable = "SLUICE_TEST_ONLY_SASL_PASSWORD_51";
+    let text = format!("[kafka.properties_from_env]\n\"sasl.password\" = \"{variable}\"\n");
+    assert_eq!(invalid_key(&text), "kafka.properties_from_env.\"sasl.password\"", "unset variable");
+    // std::env::set_var is unsafe in edition 2024 and this crate forbids unsafe code, so the
+    // positive case runs in a child process: tests/it/cli.rs.
+}

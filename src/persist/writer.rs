@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use chrono::NaiveDate;
 use futures_util::pin_mut;
+use tokio_postgres::Client;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls};
 use tracing::{debug, warn};
 
 use super::PersistError;
@@ -70,16 +70,30 @@ pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
     pg.options(format!("-c search_path={} -c client_min_messages=warning", config.schema));
     pg.connect_timeout(config.connect_timeout);
     pg.application_name("sluice-persist");
-    let (client, connection) = tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), pg.connect(NoTls))
-        .await
-        .map_err(|_| PersistError::ConnectTimeout)?
-        .map_err(PersistError::Postgres)?;
+    let (client, connection) =
+        tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), pg.connect(tls(config)?))
+            .await
+            .map_err(|_| PersistError::ConnectTimeout)?
+            .map_err(PersistError::Postgres)?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             warn!(%error, "postgres connection ended");
         }
     });
     Ok(client)
+}
+
+/// The TLS connector: OpenSSL (the library librdkafka uses too), the system's CAs plus
+/// `postgres.ca_file`, peer and host name verified. Whether TLS is used at all follows the URL's
+/// `sslmode`.
+fn tls(config: &PostgresConfig) -> Result<postgres_openssl::MakeTlsConnector, PersistError> {
+    use openssl::ssl::{SslConnector, SslMethod};
+    let tls_error = |error: openssl::error::ErrorStack| PersistError::Tls(error.to_string());
+    let mut builder = SslConnector::builder(SslMethod::tls()).map_err(tls_error)?;
+    if let Some(ca) = &config.ca_file {
+        builder.set_ca_file(ca).map_err(tls_error)?;
+    }
+    Ok(postgres_openssl::MakeTlsConnector::new(builder.build()))
 }
 
 impl Writer {

@@ -59,3 +59,22 @@ fn agent_refuses_to_replace_a_regular_file_at_the_socket_path() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("not a socket"));
     assert_eq!(std::fs::read_to_string(config.socket()).expect("still there"), "precious");
 }
+
+#[test]
+fn the_production_shaped_examples_pass_check_config_with_their_secret_set() {
+    for file in ["agent-disk-sasl.toml", "persist-tls.toml"] {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/").to_string() + file;
+        let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["check-config", &path])
+            .env("SLUICE_KAFKA_SASL_PASSWORD", "hunter2")
+            .output()
+            .expect("run");
+        assert!(output.status.success(), "{file}: {}", String::from_utf8_lossy(&output.stderr));
+        let shown = String::from_utf8_lossy(&output.stdout);
+        assert!(!shown.contains("hunter2"), "the secret never shows: {shown}");
+        // Without the Secret's variable the config is refused, naming it.
+        let output = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["check-config", &path]).output().expect("run");
+        assert_eq!(output.status.code(), Some(64));
+        assert!(String::from_utf8_lossy(&output.stderr).contains("SLUICE_KAFKA_SASL_PASSWORD"));
+    }
+}
