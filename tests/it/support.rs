@@ -19,7 +19,7 @@ mod broker;
 mod load;
 mod proxy;
 
-pub use broker::PrivateBroker;
+pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use load::{AckedSender, Load, numbered, numbers_in};
 pub use proxy::Proxy;
 
@@ -79,6 +79,8 @@ pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
 pub struct TestConfig {
     pub table: toml::Table,
     pub dir: tempfile::TempDir,
+    /// Environment for the processes started with this config (secrets, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl TestConfig {
@@ -116,7 +118,12 @@ impl TestConfig {
             group = unique("group"),
             schema = unique("t"),
         );
-        Self { table: text.parse().expect("test config parses"), dir }
+        let mut config = Self { table: text.parse().expect("test config parses"), dir, env: Vec::new() };
+        // The stack's PostgreSQL offers TLS with its own CA: persisters use it, verified.
+        if let Ok(ca) = std::env::var("SLUICE_TEST_PG_CA") {
+            config.set("postgres", "ca_file", ca);
+        }
+        config
     }
 
     /// Sets `section.key` to `value`.
@@ -179,8 +186,13 @@ pub struct Process {
 impl Process {
     /// Starts the `sluice` binary with `args`, its output in a log file in `dir`.
     pub fn spawn(name: &'static str, args: &[&str], dir: &Path) -> Self {
+        Self::spawn_with_env(name, args, dir, &[])
+    }
+
+    /// Like [`Process::spawn`], with extra environment variables.
+    pub fn spawn_with_env(name: &'static str, args: &[&str], dir: &Path, env: &[(String, String)]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command.args(args);
+        command.args(args).envs(env.iter().map(|(k, v)| (k, v)));
         Self::start(name, command, dir)
     }
 
@@ -253,8 +265,12 @@ impl Drop for Process {
 /// Starts `sluice agent` and waits until `/readyz` says ready.
 pub async fn start_agent(config: &TestConfig) -> Process {
     let path = config.write();
-    let mut process =
-        Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
+    let mut process = Process::spawn_with_env(
+        "agent",
+        &["agent", "--config", path.to_str().expect("utf-8 path")],
+        config.dir.path(),
+        &config.env,
+    );
     wait_ready(&mut process, config.agent_admin()).await;
     process
 }
@@ -262,8 +278,12 @@ pub async fn start_agent(config: &TestConfig) -> Process {
 /// Starts `sluice persist` and waits until `/readyz` says ready (partitions assigned).
 pub async fn start_persister(config: &TestConfig) -> Process {
     let path = config.write();
-    let mut process =
-        Process::spawn("persist", &["persist", "--config", path.to_str().expect("utf-8 path")], config.dir.path());
+    let mut process = Process::spawn_with_env(
+        "persist",
+        &["persist", "--config", path.to_str().expect("utf-8 path")],
+        config.dir.path(),
+        &config.env,
+    );
     wait_ready(&mut process, config.persist_admin()).await;
     process
 }

@@ -13,6 +13,8 @@ use super::{Process, free_port};
 /// A single-node KRaft broker on free loopback ports, with its data in a temp directory.
 pub struct PrivateBroker {
     pub bootstrap: String,
+    /// With [`PrivateBroker::start_sasl_ssl`]: the SASL_SSL listener and the CA that signed it.
+    pub sasl_ssl: Option<(String, PathBuf)>,
     dir: tempfile::TempDir,
     lib: PathBuf,
     process: Option<Process>,
@@ -21,6 +23,17 @@ pub struct PrivateBroker {
 impl PrivateBroker {
     /// Formats storage and starts the broker; returns once it answers a metadata request.
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// Like [`PrivateBroker::start`], with a second listener on SASL_SSL: SCRAM-SHA-512 user
+    /// `sluice` (password [`SASL_PASSWORD`]) and a certificate for 127.0.0.1 signed by a CA the
+    /// test generates.
+    pub async fn start_sasl_ssl() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(sasl_ssl: bool) -> Self {
         let lib = PathBuf::from(std::env::var("SLUICE_KAFKA_LIB").expect(
             "SLUICE_KAFKA_LIB is not set: fault tests run private brokers from the stack's jars (`scripts/stack env`)",
         ));
@@ -33,18 +46,39 @@ impl PrivateBroker {
             .replace("@PORT@", &port.to_string())
             .replace("@CONTROLLER_PORT@", &controller.to_string())
             .replace("@DATA_DIR@", &dir.path().join("data").display().to_string());
+        let mut properties = properties;
+        let mut secured = None;
+        if sasl_ssl {
+            let sasl_port = free_port();
+            let ca = certificates(dir.path());
+            // Later keys override earlier ones when Java reads the file.
+            properties.push_str(&format!(
+                "listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port}\n\
+                 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL\n\
+                 sasl.enabled.mechanisms=SCRAM-SHA-512\n\
+                 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;\n\
+                 ssl.keystore.type=PEM\n\
+                 ssl.keystore.location={}\n",
+                dir.path().join("server.pem").display()
+            ));
+            secured = Some((format!("127.0.0.1:{sasl_port}"), ca));
+        }
         std::fs::write(dir.path().join("server.properties"), properties).expect("write properties");
-        let status = Command::new("java")
+        let mut format = Command::new("java");
+        format
             .arg("-cp")
             .arg(lib.join("*"))
             .args(["kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", "c2x1aWNlLXRlc3QtYnJva2Vy"])
             .arg("--config")
             .arg(dir.path().join("server.properties"))
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("run kafka StorageTool");
+            .stdout(std::process::Stdio::null());
+        if sasl_ssl {
+            format.args(["--add-scram", &format!("SCRAM-SHA-512=[name=sluice,password={SASL_PASSWORD}]")]);
+        }
+        let status = format.status().expect("run kafka StorageTool");
         assert!(status.success(), "kafka storage format failed");
-        let mut broker = Self { bootstrap: format!("127.0.0.1:{port}"), dir, lib, process: None };
+        let mut broker = Self { bootstrap: format!("127.0.0.1:{port}"), sasl_ssl: secured, dir, lib, process: None };
         broker.resume().await;
         broker
     }
@@ -74,7 +108,71 @@ impl PrivateBroker {
             process.kill();
         }
     }
+}
 
+/// The SCRAM password of the private broker's `sluice` user.
+pub const SASL_PASSWORD: &str = "sluice-scram-secret";
+
+/// A CA and a server certificate for 127.0.0.1 signed by it (openssl, PEM; the key in PKCS#8 as
+/// Kafka's PEM keystore wants it). Returns the CA's path.
+fn certificates(dir: &std::path::Path) -> PathBuf {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(status.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&status.stderr));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=sluice test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("write");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
+    ]);
+    run(&["pkcs8", "-topk8", "-nocrypt", "-in", "server.key", "-out", "server.pk8"]);
+    let pem = std::fs::read_to_string(dir.join("server.pk8")).expect("key")
+        + &std::fs::read_to_string(dir.join("server.crt")).expect("cert");
+    std::fs::write(dir.join("server.pem"), pem).expect("write");
+    dir.join("ca.pem")
+}
+
+impl PrivateBroker {
     async fn wait_ready(&mut self) {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
