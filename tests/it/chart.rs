@@ -281,3 +281,26 @@ fn sluice_inject_adds_exactly_what_the_charts_named_templates_add() {
         );
     }
 }
+
+#[test]
+fn the_chart_readme_documents_every_value() {
+    let values: Value = serde_norway::from_str(include_str!("../../helm/sluice/values.yaml")).expect("values.yaml");
+    let readme = include_str!("../../helm/sluice/README.md");
+    fn leaves(prefix: &str, value: &Value, out: &mut Vec<String>) {
+        // Free-form maps (sluice's own config, resources, labels) are documented as a whole.
+        let free = ["config", "resources", "selector", "labels", "properties", "podAnnotations", "nodeSelector", "affinity"];
+        match value.as_mapping() {
+            Some(map) if !map.is_empty() && !free.iter().any(|f| prefix.ends_with(f)) => {
+                for (key, child) in map {
+                    let key = key.as_str().expect("string keys");
+                    leaves(&if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }, child, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+    let mut keys = Vec::new();
+    leaves("", &values, &mut keys);
+    let missing: Vec<_> = keys.iter().filter(|key| !readme.contains(&format!("| `{key}` |"))).collect();
+    assert!(missing.is_empty(), "helm/sluice/README.md lacks {missing:?}");
+}
