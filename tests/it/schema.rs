@@ -7,7 +7,12 @@ use sluice::persist::{schema, writer};
 use crate::support::*;
 
 fn postgres(services: &Services) -> PostgresConfig {
-    PostgresConfig { url: services.pg.clone(), schema: unique("schema"), ..PostgresConfig::default() }
+    PostgresConfig {
+        url: services.pg.clone(),
+        schema: unique("schema"),
+        ca_file: std::env::var_os("SLUICE_TEST_PG_CA").map(Into::into),
+        ..PostgresConfig::default()
+    }
 }
 
 async fn partitions(client: &tokio_postgres::Client) -> Vec<String> {
