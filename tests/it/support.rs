@@ -259,6 +259,15 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+        // A failing test shows what its processes said: the harness prints this with the failure.
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(25).collect();
+            eprintln!("--- last lines of {} ({}):", self.name, self.log.display());
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 
