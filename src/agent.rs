@@ -28,7 +28,7 @@ use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading, Watcher};
 use crate::config::{BufferKind, Config, KeySource, ShipConfig};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
-use crate::ingest::{IngestContext, IngestError, KeyRule, Listener};
+use crate::ingest::{self, IngestContext, IngestError, KeyRule};
 use crate::ship::{ShipError, Shipper};
 use crate::telemetry;
 
@@ -81,7 +81,7 @@ pub async fn run(
     let (buffer, spooler) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
     let admin = AdminServer::bind(&config.agent.admin_listen).await?;
-    let listener = Listener::bind(&config.ingest)?;
+    let listeners = ingest::bind_all(&config.ingest)?;
     let envelopes = EnvelopeWriter::new(&pod);
     info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");
 
@@ -90,9 +90,9 @@ pub async fn run(
     let context = Arc::new(IngestContext {
         buffer: buffer.clone(),
         envelopes,
-        max_record_size: usize::try_from(config.ingest.max_record_size.as_u64()).unwrap_or(usize::MAX),
         key: std::sync::RwLock::new(KeyRule::new(&config.ship, &pod)),
         ack_point: config.ack_point(),
+        max_json_depth: config.ingest.max_json_depth as usize,
         abandon: abandon.clone(),
     });
 
@@ -118,8 +118,13 @@ pub async fn run(
         tokio::spawn(async move { shipper.run(stop).await }.instrument(info_span!("ship")))
     };
     let connections = TaskTracker::new();
-    let listen_task =
-        tokio::spawn(listener.serve(context, connections.clone(), shutdown.clone()).instrument(info_span!("ingest")));
+    let listen_tasks: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            let serve = listener.serve(context.clone(), connections.clone(), shutdown.clone());
+            tokio::spawn(serve.instrument(info_span!("ingest")))
+        })
+        .collect();
 
     shutdown.cancelled().await;
     draining.store(true, Ordering::Relaxed);
@@ -127,7 +132,9 @@ pub async fn run(
     let deadline = Instant::now() + config.agent.drain_timeout;
     info!(buffer = buffer.describe(), deadline_seconds = config.agent.drain_timeout.as_secs_f64(), "draining");
 
-    let _ = listen_task.await;
+    for task in listen_tasks {
+        let _ = task.await;
+    }
     connections.close();
     let connections_done = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
     if !connections_done {

@@ -169,19 +169,28 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct IngestConfig {
-    /// Path of the Unix stream socket apps write to. Its directory is created. Default
-    /// `"/run/sluice/sluice.sock"`.
-    pub socket: PathBuf,
-    /// Permission bits set on the socket after bind, as an octal string. Default `"0660"`.
-    pub socket_mode: String,
-    /// Longest accepted record (one line, without its newline). A longer one is discarded up to
-    /// its newline and counted with `reason="too_large"`. Default `1 MiB`.
-    pub max_record_size: ByteSize,
+    /// The sockets apps write to, by name (the `listener` label of the ingest metrics). Giving
+    /// any replaces the default: one `lines` listener named `default` on
+    /// `/run/sluice/sluice.sock`.
+    pub listeners: BTreeMap<String, ListenerConfig>,
     /// When writers in acknowledged mode hear that a record is safe: `"spooled"` (written to
     /// the disk spool and synced per `buffer.fsync`; needs `buffer.type = "disk"`) or
     /// `"delivered"` (acknowledged by Kafka). Default: `"spooled"` with a disk buffer,
-    /// `"delivered"` with a memory buffer.
+    /// `"delivered"` with a memory buffer. Applies to acknowledged lines and to Forward acks.
     pub ack_point: Option<AckPointConfig>,
+    /// Deepest nesting accepted in a JSON record (objects and arrays); deeper ones are refused
+    /// with `reason="too_deep"`. Default `64`.
+    pub max_json_depth: u32,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            listeners: BTreeMap::from([("default".to_string(), ListenerConfig::default())]),
+            ack_point: None,
+            max_json_depth: 64,
+        }
+    }
 }
 
 /// `ingest.ack_point`.
@@ -194,23 +203,175 @@ pub enum AckPointConfig {
     Delivered,
 }
 
-impl Default for IngestConfig {
-    fn default() -> Self {
-        Self {
-            socket: PathBuf::from("/run/sluice/sluice.sock"),
-            socket_mode: "0660".into(),
-            max_record_size: ByteSize::mib(1),
-            ack_point: None,
+/// What a listener speaks. The names are the `protocol` label of the ingest metrics.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// One record per line (stream).
+    Lines,
+    /// RFC 6587 octet counting, `LEN SP MSG` (stream): records may contain newlines.
+    OctetCounted,
+    /// One record per datagram.
+    Datagram,
+    /// Syslog, RFC 5424 or RFC 3164, parsed into fields (datagram, or stream with newline or
+    /// octet-counted framing).
+    Syslog,
+    /// Fluentd's Forward protocol (msgpack; Message, Forward, PackedForward and
+    /// CompressedPackedForward modes; chunk acks) (stream).
+    Forward,
+}
+
+impl Protocol {
+    /// The name used in config and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Lines => "lines",
+            Protocol::OctetCounted => "octet_counted",
+            Protocol::Datagram => "datagram",
+            Protocol::Syslog => "syslog",
+            Protocol::Forward => "forward",
         }
     }
 }
 
-impl IngestConfig {
+/// Socket type.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// `SOCK_STREAM`: connections.
+    Stream,
+    /// `SOCK_DGRAM`: one message per datagram.
+    Datagram,
+}
+
+/// `[ingest.listeners.NAME]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    /// What the socket speaks. Default `"lines"`.
+    pub protocol: Protocol,
+    /// Path of the Unix socket. Its directory is created. Default `"/run/sluice/sluice.sock"`.
+    pub socket: PathBuf,
+    /// `"stream"` or `"datagram"`; only `syslog` offers a choice (default `"datagram"`, what
+    /// `logger -u` and most syslog libraries send). Unset: the protocol's own.
+    pub transport: Option<Transport>,
+    /// Permission bits set on the socket after bind, as an octal string. Never world-writable
+    /// unless you write so. Default `"0660"`.
+    pub socket_mode: String,
+    /// Group (name or number) given to the socket after bind, e.g. the app's group. Unset: the
+    /// agent's own group.
+    pub socket_group: Option<String>,
+    /// Longest accepted record (a line, a frame, a datagram, a Forward message). A longer one is
+    /// discarded and counted with `reason="too_large"`. Default `1 MiB`.
+    pub max_record_size: ByteSize,
+    /// Most connections open at once; more are accepted and closed at once, counted with
+    /// `reason="max_connections"`. Default `1024`.
+    pub max_connections: u32,
+    /// A connection that sends nothing for this long is closed (`reason="idle"`). `"forever"`
+    /// keeps idle connections. Default `"10m"`.
+    #[serde(with = "block_timeout_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// Only these peer uids may write (checked with `SO_PEERCRED`); empty: anyone who can open
+    /// the socket. A denied peer is closed and counted (`reason="peer_denied"`).
+    pub allow_uids: Vec<u32>,
+    /// Only peers with one of these gids may write; empty: any.
+    pub allow_gids: Vec<u32>,
+    /// Token buckets per connection or per peer. Unset: no rate limit.
+    pub rate_limit: Option<RateLimitConfig>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::Lines,
+            socket: PathBuf::from("/run/sluice/sluice.sock"),
+            transport: None,
+            socket_mode: "0660".into(),
+            socket_group: None,
+            max_record_size: ByteSize::mib(1),
+            max_connections: 1024,
+            idle_timeout: Some(Duration::from_secs(600)),
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            rate_limit: None,
+        }
+    }
+}
+
+impl ListenerConfig {
     /// The socket mode as permission bits (validated at load).
     pub fn socket_mode_bits(&self) -> u32 {
         parse_mode(&self.socket_mode).unwrap_or(0o660)
     }
+
+    /// The socket type this listener uses.
+    pub fn transport(&self) -> Transport {
+        match (self.protocol, self.transport) {
+            (Protocol::Datagram, _) => Transport::Datagram,
+            (Protocol::Syslog, transport) => transport.unwrap_or(Transport::Datagram),
+            _ => Transport::Stream,
+        }
+    }
+
+    /// `max_record_size` in bytes.
+    pub fn max_record_bytes(&self) -> usize {
+        usize::try_from(self.max_record_size.as_u64()).unwrap_or(usize::MAX)
+    }
 }
+
+/// `[ingest.listeners.NAME.rate_limit]`: token buckets (governor) in records/s and bytes/s.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Sustained records per second; unset: no record limit.
+    pub records_per_second: Option<u32>,
+    /// Sustained bytes per second; unset: no byte limit.
+    pub bytes_per_second: Option<ByteSize>,
+    /// How far above the rate a writer may burst, in seconds of rate. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub burst: Duration,
+    /// `"connection"`: a bucket per connection; `"peer"`: per writing uid (all its connections
+    /// share it). Default `"connection"`.
+    pub key: RateLimitKey,
+    /// `"throttle"`: stop reading that writer until tokens return (backpressure to it alone);
+    /// `"drop"`: read and discard, counted as `reason="rate_limited"`. Default `"throttle"`.
+    pub action: RateLimitAction,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            records_per_second: None,
+            bytes_per_second: None,
+            burst: Duration::from_secs(1),
+            key: RateLimitKey::Connection,
+            action: RateLimitAction::Throttle,
+        }
+    }
+}
+
+/// What a rate limit bucket belongs to.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitKey {
+    /// One bucket per connection.
+    Connection,
+    /// One bucket per writing uid.
+    Peer,
+}
+
+/// What exceeding a rate limit does.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitAction {
+    /// Stop reading until tokens return.
+    Throttle,
+    /// Discard and count.
+    Drop,
+}
+
+/// Highest rate a limit may name (governor counts in nanoseconds per token).
+const MAX_RATE: u64 = 1_000_000_000;
 
 fn parse_mode(text: &str) -> Option<u32> {
     let bits = u32::from_str_radix(text.trim_start_matches("0o"), 8).ok()?;
@@ -530,11 +691,16 @@ impl Config {
         }
     }
 
+    /// The largest `max_record_size` of any listener.
+    pub fn largest_record(&self) -> u64 {
+        self.ingest.listeners.values().map(|listener| listener.max_record_size.as_u64()).max().unwrap_or(0)
+    }
+
     /// Spool settings for `buffer.type = "disk"`.
     pub fn spool(&self) -> crate::buffer::spool::SpoolConfig {
         use crate::buffer::spool::{Fsync, SpoolConfig};
         let max_bytes = self.buffer.max_disk_bytes.as_u64();
-        let record = usize::try_from(self.ingest.max_record_size.as_u64()).unwrap_or(usize::MAX);
+        let record = usize::try_from(self.largest_record()).unwrap_or(usize::MAX);
         SpoolConfig {
             dir: self.buffer.path.clone(),
             max_bytes,
@@ -615,19 +781,82 @@ impl Config {
                 }
             }
         }
-        if parse_mode(&self.ingest.socket_mode).is_none() {
-            return Err(invalid(
-                "ingest.socket_mode",
-                format!("`{}` is not an octal permission like \"0660\"", self.ingest.socket_mode),
-            ));
+        if self.ingest.listeners.is_empty() {
+            return Err(invalid("ingest.listeners", "must name at least one listener".into()));
         }
-        if self.ingest.socket.as_os_str().is_empty() {
-            return Err(invalid("ingest.socket", "must be a path".into()));
+        let mut sockets = std::collections::BTreeSet::new();
+        for (name, listener) in &self.ingest.listeners {
+            let key = |field: &str| format!("ingest.listeners.{name}.{field}");
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                return Err(invalid(&format!("ingest.listeners.{name}"), "a listener name is [A-Za-z0-9_-]+".into()));
+            }
+            if parse_mode(&listener.socket_mode).is_none() {
+                return Err(invalid(
+                    &key("socket_mode"),
+                    format!("`{}` is not an octal permission like \"0660\"", listener.socket_mode),
+                ));
+            }
+            if listener.socket.as_os_str().is_empty() || !sockets.insert(listener.socket.clone()) {
+                return Err(invalid(&key("socket"), "must be a path no other listener uses".into()));
+            }
+            match (listener.protocol, listener.transport) {
+                (Protocol::Syslog, _) | (_, None) => {}
+                (Protocol::Datagram, Some(Transport::Datagram)) => {}
+                (Protocol::Lines | Protocol::OctetCounted | Protocol::Forward, Some(Transport::Stream)) => {}
+                (protocol, Some(_)) => {
+                    return Err(invalid(
+                        &key("transport"),
+                        format!("{} has one transport; only syslog offers a choice", protocol.as_str()),
+                    ));
+                }
+            }
+            let record = listener.max_record_size.as_u64();
+            if !(64..=64 * 1024 * 1024).contains(&record) {
+                return Err(invalid(&key("max_record_size"), "must be between 64 B and 64 MiB".into()));
+            }
+            if listener.transport() == Transport::Datagram && record > 16 * 1024 * 1024 {
+                return Err(invalid(&key("max_record_size"), "a datagram listener takes at most 16 MiB".into()));
+            }
+            if listener.transport() == Transport::Datagram {
+                if !listener.allow_uids.is_empty() {
+                    return Err(invalid(&key("allow_uids"), "datagram sockets carry no peer credentials".into()));
+                }
+                if !listener.allow_gids.is_empty() {
+                    return Err(invalid(&key("allow_gids"), "datagram sockets carry no peer credentials".into()));
+                }
+                if listener.rate_limit.as_ref().is_some_and(|limit| limit.key == RateLimitKey::Peer) {
+                    return Err(invalid(
+                        &key("rate_limit.key"),
+                        "datagram sockets carry no peer credentials; use \"connection\" (one bucket per socket)".into(),
+                    ));
+                }
+            }
+            if listener.max_connections == 0 {
+                return Err(invalid(&key("max_connections"), "must be at least 1".into()));
+            }
+            if listener.idle_timeout.is_some_and(|timeout| timeout.is_zero()) {
+                return Err(invalid(&key("idle_timeout"), "must be greater than zero (or \"forever\")".into()));
+            }
+            if let Some(limit) = &listener.rate_limit {
+                if limit.records_per_second.is_none() && limit.bytes_per_second.is_none() {
+                    return Err(invalid(&key("rate_limit"), "needs records_per_second or bytes_per_second".into()));
+                }
+                let rates = [limit.records_per_second.map(u64::from), limit.bytes_per_second.map(|b| b.as_u64())];
+                if rates.into_iter().flatten().any(|rate| !(1..=MAX_RATE).contains(&rate)) {
+                    return Err(invalid(
+                        &key("rate_limit"),
+                        format!("rates must be between 1 and {MAX_RATE} per second"),
+                    ));
+                }
+                if limit.burst.is_zero() {
+                    return Err(invalid(&key("rate_limit.burst"), "must be greater than zero".into()));
+                }
+            }
         }
-        let record = self.ingest.max_record_size.as_u64();
-        if !(64..=64 * 1024 * 1024).contains(&record) {
-            return Err(invalid("ingest.max_record_size", "must be between 64 B and 64 MiB".into()));
+        if self.ingest.max_json_depth == 0 {
+            return Err(invalid("ingest.max_json_depth", "must be at least 1".into()));
         }
+        let record = self.largest_record();
         let buffer = self.buffer.max_bytes.as_u64();
         if buffer < MIN_BUFFER_BYTES {
             return Err(invalid("buffer.max_bytes", format!("must be at least {}", ByteSize(MIN_BUFFER_BYTES))));
@@ -637,7 +866,7 @@ impl Config {
         if buffer < record.saturating_mul(4) {
             return Err(invalid(
                 "buffer.max_bytes",
-                format!("must be at least 4 x ingest.max_record_size ({})", ByteSize(record * 4)),
+                format!("must be at least 4 x the largest max_record_size of a listener ({})", ByteSize(record * 4)),
             ));
         }
         // librdkafka's queue is sized from the buffer and caps at 2097151 KiB / 10M messages.
@@ -651,7 +880,10 @@ impl Config {
             if self.buffer.max_disk_bytes.as_u64() < record.saturating_mul(8) {
                 return Err(invalid(
                     "buffer.max_disk_bytes",
-                    format!("must be at least 8 x ingest.max_record_size ({})", ByteSize(record * 8)),
+                    format!(
+                        "must be at least 8 x the largest max_record_size of a listener ({})",
+                        ByteSize(record * 8)
+                    ),
                 ));
             }
             if self.buffer.path.as_os_str().is_empty() {

@@ -1,31 +1,45 @@
-//! Ingest: the Unix stream socket apps write to.
+//! Ingest: the sockets apps write to.
 //!
-//! Owns: binding the socket (creating its directory, replacing only a stale socket file, setting
-//! its mode), accepting connections, and one task per connection that frames, validates and
-//! wraps records before handing them to the [`Buffer`]. Must not: block a reader on anything but
-//! the buffer's `block` policy, hold more than one record's worth of unread bytes per
-//! connection, let one connection's error reach the listener, or log record payloads.
+//! Owns: binding each configured listener (creating its directory, replacing only a stale
+//! socket file, setting mode and group), accepting connections within `max_connections`,
+//! checking peers against the allowlist, and one task per connection (or one per datagram
+//! socket) that decodes, validates and wraps records before handing them to the [`Buffer`].
+//! Every listener has its own metrics, labelled `listener` and `protocol`.
+//!
+//! Must not: block a reader on anything but its socket, its rate limit (`throttle`) and the
+//! buffer's `block` policy; hold more than one record's worth of unread bytes per connection;
+//! let one connection's error reach the listener; or log record payloads.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::Bytes;
-use tokio::net::UnixListener;
+use metrics::{Counter, Gauge};
+use tokio::net::{UnixDatagram, UnixListener};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::buffer::Buffer;
-use crate::config::{IngestConfig, KeySource, ShipConfig};
-use crate::envelope::{EnvelopeWriter, PodMetadata};
+use crate::buffer::ack::AckPoint;
+use crate::config::{IngestConfig, KeySource, ListenerConfig, Protocol, ShipConfig, Transport};
+use crate::envelope::{EnvelopeWriter, Peer, PodMetadata};
 use crate::telemetry;
 
 pub mod connection;
+pub mod datagram;
+pub mod forward;
 pub mod framing;
+pub mod limit;
+pub mod record;
+pub mod sink;
+pub mod syslog;
 
-/// Why the socket could not be set up.
+/// Why a socket could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
     /// The socket's directory could not be created.
@@ -48,7 +62,7 @@ pub enum IngestError {
         /// The path.
         path: PathBuf,
     },
-    /// Binding or setting the mode failed.
+    /// Binding, or setting mode or group, failed.
     #[error("cannot bind {path}: {source}")]
     Bind {
         /// The path.
@@ -56,20 +70,29 @@ pub enum IngestError {
         /// The OS error.
         source: io::Error,
     },
+    /// `socket_group` names no group.
+    #[error("listener {listener}: no group named {group}")]
+    UnknownGroup {
+        /// The listener.
+        listener: String,
+        /// The group as configured.
+        group: String,
+    },
 }
 
-/// What every connection task needs, shared.
+/// What every connection of every listener needs, shared.
 pub struct IngestContext {
     /// Where records go.
     pub buffer: Buffer,
-    /// Wraps lines into envelopes and numbers them.
+    /// Wraps records into envelopes and numbers them.
     pub envelopes: EnvelopeWriter,
-    /// Longest record accepted.
-    pub max_record_size: usize,
     /// How the Kafka key is chosen; a config reload may change it.
     pub key: std::sync::RwLock<KeyRule>,
-    /// When acknowledged-mode writers hear that a record is safe.
-    pub ack_point: crate::buffer::ack::AckPoint,
+    /// When acknowledged-mode writers (and Forward clients asking for acks) hear that a record
+    /// is safe.
+    pub ack_point: AckPoint,
+    /// Deepest JSON nesting accepted.
+    pub max_json_depth: usize,
     /// Cancelled when the drain deadline passes: a reader still waiting for buffer room gives
     /// up its record (counted as `reason="drain_timeout"`) instead of waiting forever.
     pub abandon: CancellationToken,
@@ -103,28 +126,157 @@ impl KeyRule {
     }
 }
 
-/// A bound ingest socket, ready to accept.
+/// One listener's settings and metrics, shared by its connections.
+pub struct ListenerContext {
+    /// The listener's name (the `listener` label).
+    pub name: String,
+    /// What it speaks.
+    pub protocol: Protocol,
+    /// Its settings.
+    pub config: ListenerConfig,
+    /// Its metrics.
+    pub metrics: ListenerMetrics,
+    /// Its rate limits, if any.
+    pub limits: Option<limit::Limits>,
+    /// Bytes held unread in its connections' buffers.
+    read_buffered: AtomicI64,
+}
+
+impl ListenerContext {
+    fn new(name: &str, config: &ListenerConfig) -> Self {
+        let metrics = ListenerMetrics::new(name, config.protocol);
+        Self {
+            name: name.to_string(),
+            protocol: config.protocol,
+            config: config.clone(),
+            limits: config.rate_limit.as_ref().map(limit::Limits::new),
+            metrics,
+            read_buffered: AtomicI64::new(0),
+        }
+    }
+
+    /// A connection's read buffer changed by `delta` bytes.
+    pub fn buffered(&self, delta: i64) {
+        if delta != 0 {
+            let total = self.read_buffered.fetch_add(delta, Ordering::Relaxed) + delta;
+            self.metrics.read_buffer_bytes.set(total.max(0) as f64);
+        }
+    }
+
+    /// True if the peer may write here (`allow_uids`/`allow_gids`).
+    pub fn admits(&self, peer: &Peer) -> bool {
+        let uids = &self.config.allow_uids;
+        let gids = &self.config.allow_gids;
+        (uids.is_empty() || uids.contains(&peer.uid)) && (gids.is_empty() || gids.contains(&peer.gid))
+    }
+}
+
+/// A listener's metric handles, labelled `listener` and `protocol`.
+pub struct ListenerMetrics {
+    labels: [(&'static str, String); 2],
+    /// Connections accepted.
+    pub accepted: Counter,
+    /// Connections open.
+    pub open: Gauge,
+    /// Records accepted.
+    pub records: Counter,
+    /// Bytes of accepted records.
+    pub bytes: Counter,
+    /// Records that waited for their rate limit (`throttle`).
+    pub throttled: Counter,
+    /// Bytes held unread in read buffers.
+    pub read_buffer_bytes: Gauge,
+}
+
+impl ListenerMetrics {
+    fn new(name: &str, protocol: Protocol) -> Self {
+        let labels = [("listener", name.to_string()), ("protocol", protocol.as_str().to_string())];
+        for reason in telemetry::Rejected::ALL {
+            metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&labels, reason.as_str())).increment(0);
+        }
+        for reason in ["max_connections", "peer_denied"] {
+            metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&labels, reason)).increment(0);
+        }
+        metrics::counter!(telemetry::INGEST_IDLE_CLOSED, &labels).increment(0);
+        Self {
+            accepted: metrics::counter!(telemetry::INGEST_CONNECTIONS, &labels),
+            open: metrics::gauge!(telemetry::INGEST_CONNECTIONS_OPEN, &labels),
+            records: metrics::counter!(telemetry::INGEST_RECORDS, &labels),
+            bytes: metrics::counter!(telemetry::INGEST_BYTES, &labels),
+            throttled: metrics::counter!(telemetry::INGEST_THROTTLED, &labels),
+            read_buffer_bytes: metrics::gauge!(telemetry::INGEST_READ_BUFFER_BYTES, &labels),
+            labels,
+        }
+    }
+
+    /// Counts a refused record.
+    pub fn rejected(&self, reason: &'static str) {
+        metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&self.labels, reason)).increment(1);
+    }
+
+    /// Counts a refused connection.
+    pub fn refused(&self, reason: &'static str) {
+        metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&self.labels, reason)).increment(1);
+    }
+
+    /// Counts a connection closed for idling.
+    pub fn idle_closed(&self) {
+        metrics::counter!(telemetry::INGEST_IDLE_CLOSED, &self.labels).increment(1);
+    }
+}
+
+fn with_reason(labels: &[(&'static str, String); 2], reason: &'static str) -> [(&'static str, String); 3] {
+    [labels[0].clone(), labels[1].clone(), (telemetry::REASON, reason.to_string())]
+}
+
+enum Socket {
+    Stream(UnixListener),
+    Datagram(UnixDatagram),
+}
+
+/// A bound listener, ready to serve.
 pub struct Listener {
-    listener: UnixListener,
+    socket: Socket,
     path: PathBuf,
+    context: Arc<ListenerContext>,
+}
+
+/// Binds every configured listener (all or none: a conflict fails start-up).
+pub fn bind_all(config: &IngestConfig) -> Result<Vec<Listener>, IngestError> {
+    config.listeners.iter().map(|(name, listener)| Listener::bind(name, listener)).collect()
 }
 
 impl Listener {
-    /// Binds the socket at `config.socket`: creates the directory, removes a stale socket left by
-    /// a previous run (never a regular file, never a socket someone still listens on), binds, and
-    /// sets the mode.
-    pub fn bind(config: &IngestConfig) -> Result<Self, IngestError> {
+    /// Binds the socket: creates the directory, removes a stale socket left by a previous run
+    /// (never a regular file, never a socket someone still listens on), binds, sets mode and
+    /// group.
+    pub fn bind(name: &str, config: &ListenerConfig) -> Result<Self, IngestError> {
         let path = config.socket.clone();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|source| IngestError::CreateDir { path: dir.to_path_buf(), source })?;
         }
         remove_stale_socket(&path)?;
-        let listener = UnixListener::bind(&path).map_err(|source| IngestError::Bind { path: path.clone(), source })?;
+        let bind_error = |source| IngestError::Bind { path: path.clone(), source };
+        let socket = match config.transport() {
+            Transport::Stream => Socket::Stream(UnixListener::bind(&path).map_err(bind_error)?),
+            Transport::Datagram => Socket::Datagram(UnixDatagram::bind(&path).map_err(bind_error)?),
+        };
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.socket_mode_bits()))
-            .map_err(|source| IngestError::Bind { path: path.clone(), source })?;
-        info!(socket = %path.display(), mode = %config.socket_mode, "ingest socket listening");
-        Ok(Self { listener, path })
+            .map_err(bind_error)?;
+        if let Some(group) = &config.socket_group {
+            let gid = group_id(group)
+                .ok_or_else(|| IngestError::UnknownGroup { listener: name.to_string(), group: group.clone() })?;
+            std::os::unix::fs::chown(&path, None, Some(gid)).map_err(bind_error)?;
+        }
+        info!(
+            listener = name,
+            protocol = config.protocol.as_str(),
+            socket = %path.display(),
+            mode = %config.socket_mode,
+            "listening"
+        );
+        Ok(Self { socket, path, context: Arc::new(ListenerContext::new(name, config)) })
     }
 
     /// The socket path.
@@ -132,35 +284,76 @@ impl Listener {
         &self.path
     }
 
-    /// Accepts connections until `stop` is cancelled, spawning one task per connection on
-    /// `tracker`. Connection tasks get `stop` too and drain their socket before closing.
-    pub async fn serve(self, context: Arc<IngestContext>, tracker: TaskTracker, stop: CancellationToken) {
-        let connections = metrics::counter!(telemetry::INGEST_CONNECTIONS);
-        let mut next_id: u64 = 0;
-        loop {
-            let accepted = tokio::select! {
-                _ = stop.cancelled() => break,
-                accepted = self.listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    next_id += 1;
-                    connections.increment(1);
-                    let span = tracing::info_span!("connection", id = next_id);
-                    tracker.spawn(connection::serve(stream, context.clone(), stop.clone()).instrument(span));
-                }
-                Err(error) => {
-                    // EMFILE and friends: back off instead of spinning; the listener survives.
-                    warn!(%error, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            }
+    /// Serves until `stop` is cancelled. Stream listeners spawn one task per connection on
+    /// `tracker` (each gets `stop` and drains its socket before closing); a datagram listener
+    /// reads in this task.
+    pub async fn serve(self, ingest: Arc<IngestContext>, tracker: TaskTracker, stop: CancellationToken) {
+        let Listener { socket, path, context } = self;
+        if context.limits.is_some() {
+            tracker.spawn(forget_idle_buckets(context.clone(), stop.clone()));
         }
-        drop(self.listener);
-        if let Err(error) = std::fs::remove_file(&self.path) {
+        match socket {
+            Socket::Datagram(socket) => datagram::serve(socket, context.clone(), ingest, stop).await,
+            Socket::Stream(listener) => accept(listener, context.clone(), ingest, tracker, stop).await,
+        }
+        if let Err(error) = std::fs::remove_file(&path) {
             debug!(%error, "could not remove the socket file");
         }
-        info!("ingest socket closed");
+        info!(listener = %context.name, "listener closed");
+    }
+}
+
+async fn accept(
+    listener: UnixListener,
+    context: Arc<ListenerContext>,
+    ingest: Arc<IngestContext>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(context.config.max_connections as usize));
+    let mut next_id: u64 = 0;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                next_id += 1;
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // Accept, then close at once: the writer sees the connection end instead of
+                    // hanging in the kernel's backlog.
+                    context.metrics.refused("max_connections");
+                    drop(stream);
+                    continue;
+                };
+                let span = tracing::info_span!("connection", listener = %context.name, id = next_id);
+                let task = connection::serve(stream, next_id, slot, context.clone(), ingest.clone(), stop.clone());
+                tracker.spawn(task.instrument(span));
+            }
+            Err(error) => {
+                // EMFILE and friends: back off instead of spinning; the listener survives.
+                warn!(%error, listener = %context.name, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// How often the buckets of connections and peers that stopped writing are freed.
+const FORGET_IDLE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn forget_idle_buckets(context: Arc<ListenerContext>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(FORGET_IDLE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Some(limits) = &context.limits {
+            limits.forget_idle();
+        }
     }
 }
 
@@ -173,9 +366,27 @@ fn remove_stale_socket(path: &Path) -> Result<(), IngestError> {
     if !metadata.file_type().is_socket() {
         return Err(IngestError::NotASocket { path: path.to_path_buf() });
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    // A stream socket someone listens on accepts a connection; a datagram socket someone reads
+    // accepts a zero-length datagram. Either means "in use".
+    let in_use = std::os::unix::net::UnixStream::connect(path).is_ok()
+        || std::os::unix::net::UnixDatagram::unbound().and_then(|probe| probe.send_to(&[], path)).is_ok();
+    if in_use {
         return Err(IngestError::InUse { path: path.to_path_buf() });
     }
     info!(socket = %path.display(), "removing stale socket from a previous run");
     std::fs::remove_file(path).map_err(|source| IngestError::Bind { path: path.to_path_buf(), source })
+}
+
+/// A group given by number or by name (looked up in `/etc/group`: no libc call needed).
+fn group_id(group: &str) -> Option<u32> {
+    if let Ok(gid) = group.parse() {
+        return Some(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let gid = fields.nth(1)?;
+        (name == group).then(|| gid.parse().ok()).flatten()
+    })
 }

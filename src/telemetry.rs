@@ -16,17 +16,25 @@ pub mod librdkafka;
 /// Label key for the cause of a rejection, drop or failure.
 pub const REASON: &str = "reason";
 
-// ---- agent: ingest
-/// Connections accepted on the socket.
+// ---- agent: ingest (every series labelled `listener` and `protocol`)
+/// Connections accepted and served (refused ones are counted in [`INGEST_REFUSED`] only).
 pub const INGEST_CONNECTIONS: &str = "sluice_ingest_connections_total";
 /// Connections currently open.
 pub const INGEST_CONNECTIONS_OPEN: &str = "sluice_ingest_connections_open";
+/// Connections closed at once, by `reason` (`max_connections`, `peer_denied`).
+pub const INGEST_REFUSED: &str = "sluice_ingest_connections_refused_total";
+/// Connections closed because no record completed within `idle_timeout`.
+pub const INGEST_IDLE_CLOSED: &str = "sluice_ingest_connections_idle_closed_total";
 /// Records read from the socket and accepted into the pipeline.
 pub const INGEST_RECORDS: &str = "sluice_ingest_records_total";
-/// Bytes of accepted records, as the app wrote them (without newline).
+/// Bytes of accepted records, as the app wrote them (without framing).
 pub const INGEST_BYTES: &str = "sluice_ingest_bytes_total";
 /// Records refused at the socket, by `reason` (see [`Rejected`]).
 pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
+/// Records that waited for their rate limit (`action = "throttle"`).
+pub const INGEST_THROTTLED: &str = "sluice_ingest_records_throttled_total";
+/// Bytes read from connections and not yet turned into records.
+pub const INGEST_READ_BUFFER_BYTES: &str = "sluice_ingest_read_buffer_bytes";
 
 // ---- agent: buffer
 /// Records held: waiting in the buffer or sent and not yet acknowledged by Kafka.
@@ -118,17 +126,40 @@ pub enum Rejected {
     TooLarge,
     /// Not valid UTF-8.
     InvalidUtf8,
-    /// An empty line.
+    /// An empty record.
     Empty,
+    /// Contains a NUL byte (PostgreSQL text cannot hold U+0000).
+    ContainsNul,
+    /// JSON nested deeper than `ingest.max_json_depth`.
+    TooDeep,
+    /// Not a valid frame or message of the listener's protocol.
+    Malformed,
+    /// Over its rate limit with `action = "drop"`.
+    RateLimited,
 }
 
 impl Rejected {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [Rejected; 7] = [
+        Rejected::TooLarge,
+        Rejected::InvalidUtf8,
+        Rejected::Empty,
+        Rejected::ContainsNul,
+        Rejected::TooDeep,
+        Rejected::Malformed,
+        Rejected::RateLimited,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Rejected::TooLarge => "too_large",
             Rejected::InvalidUtf8 => "invalid_utf8",
             Rejected::Empty => "empty",
+            Rejected::ContainsNul => "contains_nul",
+            Rejected::TooDeep => "too_deep",
+            Rejected::Malformed => "malformed",
+            Rejected::RateLimited => "rate_limited",
         }
     }
 }
@@ -162,11 +193,15 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
 }
 
 fn describe_all() {
-    describe_counter!(INGEST_CONNECTIONS, "Connections accepted on the ingest socket.");
-    describe_gauge!(INGEST_CONNECTIONS_OPEN, "Connections currently open on the ingest socket.");
+    describe_counter!(INGEST_CONNECTIONS, "Connections accepted and served, per listener.");
+    describe_gauge!(INGEST_CONNECTIONS_OPEN, "Connections currently open, per listener.");
+    describe_counter!(INGEST_REFUSED, "Connections closed at once, by reason.");
+    describe_counter!(INGEST_IDLE_CLOSED, "Connections closed after idle_timeout without a record.");
     describe_counter!(INGEST_RECORDS, "Records read from the socket and accepted.");
     describe_counter!(INGEST_BYTES, Unit::Bytes, "Bytes of accepted records as written by the app.");
     describe_counter!(INGEST_REJECTED, "Records refused at the socket, by reason.");
+    describe_counter!(INGEST_THROTTLED, "Records that waited for their rate limit.");
+    describe_gauge!(INGEST_READ_BUFFER_BYTES, Unit::Bytes, "Bytes read from connections, not yet records.");
     describe_gauge!(BUFFER_RECORDS, "Records held until Kafka acknowledges them.");
     describe_gauge!(BUFFER_BYTES, Unit::Bytes, "Bytes held until Kafka acknowledges them.");
     describe_gauge!(BUFFER_CAPACITY_BYTES, Unit::Bytes, "Buffer byte capacity (buffer.max_bytes).");
@@ -215,16 +250,14 @@ const COMMON_DELIVERY_ERRORS: &[&str] = &["message_timed_out", "message_size_too
 /// Creates the agent's labelled series at zero (a series that appears only on the first event
 /// hides that event from `increase()`).
 pub fn register_agent_series() {
-    for reason in [Rejected::TooLarge, Rejected::InvalidUtf8, Rejected::Empty] {
-        metrics::counter!(INGEST_REJECTED, REASON => reason.as_str()).increment(0);
-    }
     for reason in COMMON_DELIVERY_ERRORS {
         metrics::counter!(SHIP_DELIVERY_ERRORS, REASON => *reason).increment(0);
     }
     for reason in ["message_size_too_large", "drain_timeout"] {
         metrics::counter!(SHIP_FAILED, REASON => reason).increment(0);
     }
-    for name in [INGEST_CONNECTIONS, INGEST_RECORDS, INGEST_BYTES, SHIP_DELIVERED, SHIP_DELIVERED_BYTES, SHIP_RETRIED] {
+    // The ingest series are created per listener when it binds.
+    for name in [SHIP_DELIVERED, SHIP_DELIVERED_BYTES, SHIP_RETRIED] {
         metrics::counter!(name).increment(0);
     }
 }

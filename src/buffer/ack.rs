@@ -82,6 +82,11 @@ impl AckTracker {
         self.point
     }
 
+    /// The number given to the last record so far (0 before the first).
+    pub fn issued(&self) -> u64 {
+        self.lock().issued
+    }
+
     /// Numbers the connection's next record.
     pub fn issue(self: &Arc<Self>) -> Ack {
         let mut state = self.lock();

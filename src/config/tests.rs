@@ -12,8 +12,65 @@ fn an_empty_file_gives_the_documented_defaults() {
     let config = Config::from_toml("").expect("defaults are valid");
     assert_eq!(config, Config::default());
     assert_eq!(config.buffer.when_full, WhenFull::Block);
-    assert_eq!(config.ingest.max_record_size, ByteSize::mib(1));
-    assert_eq!(config.ingest.socket_mode_bits(), 0o660);
+    let listener = &config.ingest.listeners["default"];
+    assert_eq!(listener.protocol, Protocol::Lines);
+    assert_eq!(listener.socket, PathBuf::from("/run/sluice/sluice.sock"));
+    assert_eq!(listener.max_record_size, ByteSize::mib(1));
+    assert_eq!(listener.socket_mode_bits(), 0o660);
+    assert_eq!(listener.max_connections, 1024);
+    assert_eq!(listener.idle_timeout, Some(Duration::from_secs(600)));
+    assert_eq!(config.ingest.max_json_depth, 64);
+}
+
+#[test]
+fn listeners_replace_the_default_and_take_each_protocol() {
+    let config = Config::from_toml(
+        "[ingest.listeners.app]\nsocket = \"/s/app.sock\"\n\
+         [ingest.listeners.sys]\nprotocol = \"syslog\"\nsocket = \"/s/log\"\n\
+         [ingest.listeners.sys_stream]\nprotocol = \"syslog\"\ntransport = \"stream\"\nsocket = \"/s/log.stream\"\n\
+         [ingest.listeners.fluent]\nprotocol = \"forward\"\nsocket = \"/s/fluent.sock\"\nidle_timeout = \"forever\"\n\
+         [ingest.listeners.fluent.rate_limit]\nrecords_per_second = 100\nkey = \"peer\"\naction = \"drop\"\n",
+    )
+    .expect("valid");
+    let names: Vec<_> = config.ingest.listeners.keys().map(String::as_str).collect();
+    assert_eq!(names, ["app", "fluent", "sys", "sys_stream"]);
+    assert_eq!(config.ingest.listeners["sys"].transport(), Transport::Datagram);
+    assert_eq!(config.ingest.listeners["sys_stream"].transport(), Transport::Stream);
+    let fluent = &config.ingest.listeners["fluent"];
+    assert_eq!(fluent.idle_timeout, None);
+    let limit = fluent.rate_limit.as_ref().expect("set");
+    assert_eq!(
+        (limit.records_per_second, limit.key, limit.action),
+        (Some(100), RateLimitKey::Peer, RateLimitAction::Drop)
+    );
+    assert_eq!(limit.burst, Duration::from_secs(1));
+}
+
+#[test]
+fn rejects_listener_settings_that_cannot_work_naming_the_listener() {
+    let key = |listener: &str| invalid_key(&format!("[ingest.listeners.a]\nsocket = \"/s/a\"\n{listener}"));
+    assert_eq!(key("socket_mode = \"rw\"\n"), "ingest.listeners.a.socket_mode");
+    assert_eq!(key("protocol = \"forward\"\ntransport = \"datagram\"\n"), "ingest.listeners.a.transport");
+    assert_eq!(key("max_record_size = \"10 B\"\n"), "ingest.listeners.a.max_record_size");
+    assert_eq!(key("max_connections = 0\n"), "ingest.listeners.a.max_connections");
+    assert_eq!(key("idle_timeout = \"0s\"\n"), "ingest.listeners.a.idle_timeout");
+    assert_eq!(key("[ingest.listeners.a.rate_limit]\naction = \"drop\"\n"), "ingest.listeners.a.rate_limit");
+    assert_eq!(key("[ingest.listeners.a.rate_limit]\nrecords_per_second = 0\n"), "ingest.listeners.a.rate_limit");
+    assert_eq!(
+        key("protocol = \"datagram\"\nallow_uids = [1000]\n"),
+        "ingest.listeners.a.allow_uids",
+        "datagrams carry no peer credentials"
+    );
+    assert_eq!(
+        key("protocol = \"datagram\"\n[ingest.listeners.a.rate_limit]\nrecords_per_second = 5\nkey = \"peer\"\n"),
+        "ingest.listeners.a.rate_limit.key"
+    );
+    assert_eq!(
+        invalid_key("[ingest.listeners.a]\nsocket = \"/s/x\"\n[ingest.listeners.b]\nsocket = \"/s/x\"\n"),
+        "ingest.listeners.b.socket"
+    );
+    assert_eq!(invalid_key("[ingest.listeners.\"bad name\"]\n"), "ingest.listeners.bad name");
+    assert_eq!(invalid_key("[ingest]\nmax_json_depth = 0\n"), "ingest.max_json_depth");
 }
 
 #[test]
@@ -63,11 +120,10 @@ fn sizes_and_durations_read_as_people_write_them() {
 fn rejects_limits_that_cannot_work() {
     assert_eq!(invalid_key("[buffer]\nmax_bytes = \"1 KiB\"\n"), "buffer.max_bytes");
     assert_eq!(
-        invalid_key("[buffer]\nmax_bytes = \"2 MiB\"\n[ingest]\nmax_record_size = \"1 MiB\"\n"),
+        invalid_key("[buffer]\nmax_bytes = \"2 MiB\"\n[ingest.listeners.default]\nmax_record_size = \"1 MiB\"\n"),
         "buffer.max_bytes"
     );
     assert_eq!(invalid_key("[buffer]\nmax_records = 0\n"), "buffer.max_records");
-    assert_eq!(invalid_key("[ingest]\nsocket_mode = \"rw\"\n"), "ingest.socket_mode");
     assert_eq!(invalid_key("[ship]\ncompression = \"brotli\"\n"), "ship.compression");
     assert_eq!(invalid_key("[ship]\nkey = \"field\"\n"), "ship.key_field");
     assert_eq!(invalid_key("[kafka]\ntopic = \"no spaces\"\n"), "kafka.topic");
@@ -160,15 +216,19 @@ mod reloading {
         let old = config("");
         let new = config(
             "[log]\nlevel = \"debug\"\n[buffer]\nwhen_full = \"drop_newest\"\nmax_bytes = \"32 MiB\"\n\
-             [ship]\nlinger = \"50ms\"\n[ingest]\nsocket = \"/elsewhere.sock\"\n[persist]\nbatch_max_records = 10\n",
+             [ship]\nlinger = \"50ms\"\n[ingest.listeners.default]\nsocket = \"/elsewhere.sock\"\n[persist]\nbatch_max_records = 10\n",
         );
         let plan = plan(Role::Agent, &old, &new);
         assert_eq!(plan.live, vec!["buffer.when_full", "log.level", "ship.linger"]);
-        assert_eq!(plan.restart, vec!["buffer.max_bytes", "ingest.socket"], "persist keys are not the agent's");
+        assert_eq!(
+            plan.restart,
+            vec!["buffer.max_bytes", "ingest.listeners.default.socket"],
+            "persist keys are not the agent's"
+        );
         assert_eq!(plan.effective.buffer.when_full, WhenFull::DropNewest);
         assert_eq!(plan.effective.ship.linger, Duration::from_millis(50));
         assert_eq!(plan.effective.buffer.max_bytes, old.buffer.max_bytes, "kept until a restart");
-        assert_eq!(plan.effective.ingest.socket, old.ingest.socket);
+        assert_eq!(plan.effective.ingest.listeners, old.ingest.listeners);
     }
 
     #[test]

@@ -1,41 +1,41 @@
-//! One connection: read frames, validate them, wrap them in envelopes, push them to the buffer.
+//! One stream connection: check the peer, read frames, hand records to the [`RecordSink`],
+//! answer acknowledgements.
 //!
-//! Owns: the per-connection read loop and what happens to each frame. Must not: wait on
-//! anything but the socket and the buffer (no Kafka, no disk), keep more than one record's worth
-//! of unread bytes, or end the connection because one record was bad.
+//! Owns: the per-connection read loop, the peer allowlist check, the idle timeout, the
+//! accounting of bytes held in the read buffer, and the task that writes acknowledgements
+//! (`ACK`/`NAK` lines for acknowledged lines, `{"ack": chunk}` for Forward). Must not: wait on
+//! anything but the socket, the rate limit and the buffer (no Kafka, no disk), keep more than one
+//! record's worth of unread bytes, or end the connection because one record was bad (only a
+//! stream that cannot be framed any further is closed).
 //!
-//! Rules for records (documented in the README):
-//! - longer than `ingest.max_record_size`: discarded up to its newline, `reason="too_large"`;
-//! - not valid UTF-8: rejected whole, `reason="invalid_utf8"` (rejecting rather than replacing
-//!   bytes keeps every stored payload byte-identical to what the app wrote);
-//! - empty (after removing `\r`): rejected, `reason="empty"`.
-//!
-//! In every case the connection continues with the next record.
-//!
-//! Acknowledged mode: a connection whose first line is exactly [`ACK_HANDSHAKE`] gets an
-//! `OK <point>` line back and from then on `ACK <n>` lines (records 1..=n of this connection are
-//! settled) and `NAK <n> <reason>` lines (record n was refused), written by a second task so
-//! reading never waits for the writer to read. See `docs/PROTOCOL.md`.
+//! Acknowledged mode (`lines`, `octet_counted`): a connection whose first record is exactly
+//! [`ACK_HANDSHAKE`] gets an `OK <point>` line back and from then on `ACK <n>` lines (records
+//! 1..=n of this connection are settled) and `NAK <n> <reason>` lines (record n was refused),
+//! written by a second task so reading never waits for the writer to read. See
+//! `docs/PROTOCOL.md`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::StreamExt;
-use serde_json::value::RawValue;
+use bytes::BytesMut;
+use futures_util::{FutureExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
-use tokio_util::codec::FramedRead;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, trace};
+use tracing::debug;
 
-use super::framing::{Frame, LineFramer};
-use super::{IngestContext, KeyRule};
-use crate::buffer::Admission;
+use super::forward::{self, ForwardFramer, PendingChunk};
+use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use super::sink::RecordSink;
+use super::{IngestContext, ListenerContext};
 use crate::buffer::ack::{AckEvent, AckTracker};
+use crate::config::Protocol;
 use crate::envelope::{EnvelopeWriter, Peer};
-use crate::telemetry::{self, Rejected};
+use crate::telemetry::Rejected;
 
 /// After shutdown starts, a connection keeps reading while data keeps coming, and closes once
 /// it has been idle this long (or at end of stream). Bounded overall by the drain deadline.
@@ -47,8 +47,16 @@ const READ_CAPACITY: usize = 8 * 1024;
 /// The first line that switches a connection to acknowledged mode.
 pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 
-/// Serves one connection until the writer closes it, it fails, or shutdown has drained it.
-pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: CancellationToken) {
+/// Serves one connection until the writer closes it, it idles out, it breaks, or shutdown has
+/// drained it. `slot` is its place under `max_connections`, given back when it closes.
+pub async fn serve(
+    stream: UnixStream,
+    id: u64,
+    slot: OwnedSemaphorePermit,
+    listener: Arc<ListenerContext>,
+    ingest: Arc<IngestContext>,
+    stop: CancellationToken,
+) {
     let peer = match stream.peer_cred() {
         Ok(cred) => Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() },
         Err(error) => {
@@ -56,65 +64,202 @@ pub async fn serve(stream: UnixStream, context: Arc<IngestContext>, stop: Cancel
             Peer::default()
         }
     };
+    if !listener.admits(&peer) {
+        debug!(uid = peer.uid, gid = peer.gid, "peer not in the allowlist; closing");
+        listener.metrics.refused("peer_denied");
+        return;
+    }
     debug!(pid = ?peer.pid, uid = peer.uid, "connection opened");
-    let open = metrics::gauge!(telemetry::INGEST_CONNECTIONS_OPEN);
-    open.increment(1.0);
+    listener.metrics.accepted.increment(1);
+    listener.metrics.open.increment(1.0);
     let (read_half, write_half) = stream.into_split();
-    let mut reader = RecordReader::new(&context, peer);
-    let mut frames = FramedRead::with_capacity(read_half, LineFramer::new(context.max_record_size), READ_CAPACITY);
-    let mut write_half = Some(write_half);
-    let mut acks: Option<tokio::task::JoinHandle<()>> = None;
+    let framer = Accounted::new(StreamFramer::new(&listener, ingest.max_json_depth), listener.clone());
+    let mut frames = FramedRead::with_capacity(read_half, framer, READ_CAPACITY);
+    let limit_key =
+        listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
+    let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
+    let mut replies = Replies { write_half: Some(write_half), tracker: None, task: None, chunks: None };
+    let idle = listener.config.idle_timeout;
     let mut first = true;
     let mut draining = false;
     loop {
-        let next = if draining {
+        let ready = frames.next().now_or_never();
+        if ready.is_none() {
+            // Nothing more to read right now: publish the counts before waiting.
+            sink.flush_counters();
+        }
+        let next = if let Some(next) = ready {
+            next
+        } else if draining {
             match tokio::time::timeout(DRAIN_IDLE, frames.next()).await {
                 Ok(next) => next,
                 Err(_) => break,
             }
         } else {
+            let read = async {
+                match idle {
+                    Some(idle) => tokio::time::timeout(idle, frames.next()).await.ok(),
+                    None => Some(frames.next().await),
+                }
+            };
             tokio::select! {
                 biased;
-                next = frames.next() => next,
+                next = read => match next {
+                    Some(next) => next,
+                    None => {
+                        debug!("idle timeout; closing");
+                        listener.metrics.idle_closed();
+                        break;
+                    }
+                },
                 _ = stop.cancelled() => { draining = true; continue; }
             }
         };
-        match next {
-            Some(Ok(Frame::Line(line))) if first && line.as_ref() == ACK_HANDSHAKE => {
-                first = false;
-                let tracker = AckTracker::new(context.ack_point);
-                if let Some(writer) = write_half.take() {
-                    acks = Some(tokio::spawn(write_acks(writer, tracker.clone(), context.abandon.clone())));
-                }
-                reader.tracker = Some(tracker);
-            }
-            Some(Ok(frame)) => {
-                first = false;
-                reader.handle(frame).await;
-            }
+        let frame = match next {
+            Some(Ok(frame)) => frame,
             Some(Err(error)) => {
                 debug!(%error, "read failed; closing connection");
                 break;
             }
             None => break,
+        };
+        let handshake = first && matches!(&frame, Frame::Record(bytes) if bytes.as_ref() == ACK_HANDSHAKE);
+        first = false;
+        match frame {
+            Frame::Record(_) if handshake && matches!(listener.protocol, Protocol::Lines | Protocol::OctetCounted) => {
+                replies.start_line_acks(&ingest);
+            }
+            Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
+                forward_message(&bytes, &mut sink, &mut replies, &ingest, &listener).await;
+            }
+            Frame::Record(bytes) => {
+                let ack = replies.tracker.as_ref().map(|tracker| tracker.issue());
+                sink.offer(&bytes, ack).await;
+            }
+            Frame::TooLarge { len } => {
+                debug!(len, "record too large");
+                let ack = replies.line_ack();
+                sink.reject(Rejected::TooLarge, ack);
+            }
+            Frame::Broken(reason) => {
+                debug!(reason = reason.as_str(), "stream cannot be framed; closing connection");
+                let ack = replies.line_ack();
+                sink.reject(reason, ack);
+                break;
+            }
         }
     }
-    reader.flush_counters();
-    if let Some(tracker) = &reader.tracker {
-        tracker.finish_reading();
-    }
-    if let Some(acks) = acks {
-        // The writer may still be reading its acknowledgements: keep writing them until every
-        // record is settled (or the agent gives up at its drain deadline).
-        let _ = acks.await;
-    }
-    open.decrement(1.0);
+    sink.flush_counters();
+    drop(frames);
+    replies.finish().await;
+    // The slot is free before the gauge says so: a writer that sees room finds it.
+    drop(slot);
+    listener.metrics.open.decrement(1.0);
     debug!("connection closed");
+}
+
+/// One Forward message: decode, then each event to the sink; chunk acknowledged by the writer
+/// task once every event is settled.
+async fn forward_message(
+    bytes: &BytesMut,
+    sink: &mut RecordSink<'_>,
+    replies: &mut Replies,
+    ingest: &IngestContext,
+    listener: &ListenerContext,
+) {
+    let limits =
+        forward::Limits { max_record_size: listener.config.max_record_bytes(), max_json_depth: ingest.max_json_depth };
+    let message = match forward::decode(bytes, limits) {
+        Ok(message) => message,
+        Err(reason) => return sink.reject(reason, None),
+    };
+    let wire_len = bytes.len() / message.records.len().max(1);
+    let acks: Vec<Option<crate::buffer::ack::Ack>> = match &message.chunk {
+        Some(chunk) => {
+            let (tracker, chunks) = replies.chunk_acks(ingest).await;
+            let acks: Vec<_> = message.records.iter().map(|_| tracker.issue()).collect();
+            let last = acks.last().map_or_else(|| tracker.issued(), |ack| ack.seq());
+            // Queued before any of its records can settle, so the writer knows the chunk first.
+            if chunks.send(PendingChunk { chunk: chunk.clone(), last }).await.is_err() {
+                debug!("acknowledgement writer is gone");
+            }
+            acks.into_iter().map(Some).collect()
+        }
+        None => message.records.iter().map(|_| None).collect(),
+    };
+    for (record, ack) in message.records.into_iter().zip(acks) {
+        match record {
+            Ok(json) => sink.offer_json(&json, wire_len, ack).await,
+            Err(reason) => sink.reject(reason, ack),
+        }
+    }
+}
+
+/// What a connection writes back, started on demand.
+struct Replies {
+    write_half: Option<OwnedWriteHalf>,
+    tracker: Option<Arc<AckTracker>>,
+    task: Option<JoinHandle<()>>,
+    /// Forward: chunks waiting for acknowledgement, to the writer task.
+    chunks: Option<mpsc::Sender<PendingChunk>>,
+}
+
+impl Replies {
+    /// Acknowledged lines: every record from now on is numbered.
+    fn start_line_acks(&mut self, ingest: &IngestContext) {
+        let tracker = AckTracker::new(ingest.ack_point);
+        if let Some(writer) = self.write_half.take() {
+            self.task = Some(tokio::spawn(write_line_acks(writer, tracker.clone(), ingest.abandon.clone())));
+        }
+        self.tracker = Some(tracker);
+    }
+
+    /// In acknowledged-lines mode, a number for a record that is refused before it has a body.
+    fn line_ack(&self) -> Option<crate::buffer::ack::Ack> {
+        match (&self.tracker, &self.chunks) {
+            (Some(tracker), None) => Some(tracker.issue()),
+            _ => None,
+        }
+    }
+
+    /// Forward: the tracker and the writer task, started at the first chunk.
+    async fn chunk_acks(&mut self, ingest: &IngestContext) -> (Arc<AckTracker>, mpsc::Sender<PendingChunk>) {
+        if let (Some(tracker), Some(chunks)) = (&self.tracker, &self.chunks) {
+            return (tracker.clone(), chunks.clone());
+        }
+        let tracker = AckTracker::new(ingest.ack_point);
+        let (chunks, receiver) = mpsc::channel(forward::MAX_PENDING_CHUNKS);
+        if let Some(writer) = self.write_half.take() {
+            self.task = Some(tokio::spawn(forward::write_chunk_acks(
+                writer,
+                tracker.clone(),
+                receiver,
+                ingest.abandon.clone(),
+            )));
+        }
+        self.tracker = Some(tracker.clone());
+        self.chunks = Some(chunks.clone());
+        (tracker, chunks)
+    }
+
+    /// The reader is done: let the writer finish telling what it knows (or give up at the drain
+    /// deadline).
+    async fn finish(mut self) {
+        // The chunk queue closes first, so the Forward writer sees the end before the tracker
+        // reports everything settled.
+        self.chunks = None;
+        if let Some(tracker) = &self.tracker {
+            tracker.finish_reading();
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
 }
 
 /// Writes `OK`, then `NAK`/`ACK` lines as records settle, until all are reported after the
 /// reader finished, the peer goes away, or the drain deadline passes.
-async fn write_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
+async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
     let hello = format!("OK {}\n", tracker.point().as_str());
     if writer.write_all(hello.as_bytes()).await.is_err() {
         return;
@@ -143,116 +288,95 @@ async fn write_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abando
     let _ = writer.shutdown().await;
 }
 
-/// Turns frames into buffered records for one connection.
-struct RecordReader<'a> {
-    context: &'a IngestContext,
-    /// Set in acknowledged mode.
-    tracker: Option<Arc<AckTracker>>,
-    admission: Admission,
-    peer_fragment: String,
-    scratch: Vec<u8>,
-    /// Counted locally and flushed in batches: the hot path touches no shared counter.
-    records: u64,
-    bytes: u64,
+/// The framer a stream listener's protocol uses.
+#[derive(Debug)]
+pub enum StreamFramer {
+    /// `lines`.
+    Lines(LineFramer),
+    /// `octet_counted`.
+    Octets(OctetFramer),
+    /// `syslog` over a stream.
+    Syslog(SyslogFramer),
+    /// `forward`.
+    Forward(ForwardFramer),
 }
 
-/// Flush local counters after this many records.
-const COUNTER_FLUSH_EVERY: u64 = 256;
-
-impl<'a> RecordReader<'a> {
-    fn new(context: &'a IngestContext, peer: Peer) -> Self {
-        Self {
-            context,
-            tracker: None,
-            admission: Admission::default(),
-            peer_fragment: EnvelopeWriter::peer_fragment(&peer),
-            scratch: Vec::with_capacity(1024),
-            records: 0,
-            bytes: 0,
-        }
-    }
-
-    async fn handle(&mut self, frame: Frame) {
-        let mut ack = self.tracker.as_ref().map(|tracker| tracker.issue());
-        let line = match frame {
-            Frame::TooLarge { len } => {
-                trace!(len, "record too large");
-                return reject(Rejected::TooLarge, ack);
-            }
-            Frame::Line(line) => line,
-        };
-        if line.is_empty() {
-            return reject(Rejected::Empty, ack);
-        }
-        let Ok(text) = std::str::from_utf8(&line) else {
-            return reject(Rejected::InvalidUtf8, ack);
-        };
-        let now = chrono::Utc::now();
-        self.context.envelopes.write(text, &self.peer_fragment, now, &mut self.scratch);
-        let key = match &*self.context.key.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
-            KeyRule::None => None,
-            KeyRule::Fixed(key) => Some(key.clone()),
-            KeyRule::Field(field) => field_key(text, field),
-        };
-        self.records += 1;
-        self.bytes += line.len() as u64;
-        if self.records >= COUNTER_FLUSH_EVERY {
-            self.flush_counters();
-        }
-        let payload = Bytes::copy_from_slice(&self.scratch);
-        let abandon = self.context.abandon.clone();
-        let ingest_ms = now.timestamp_millis() as u64;
-        let push = self.context.buffer.push(payload, key, ingest_ms, ack.take(), &mut self.admission);
-        tokio::select! {
-            // A drop by policy is counted (and its ack refused) by the buffer.
-            _ = push => {}
-            _ = abandon.cancelled() => {
-                // The record (and its ack, never settled) is given up at the drain deadline.
-                metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
-            }
-        }
-    }
-
-    fn flush_counters(&mut self) {
-        if self.records > 0 {
-            metrics::counter!(telemetry::INGEST_RECORDS).increment(self.records);
-            metrics::counter!(telemetry::INGEST_BYTES).increment(self.bytes);
-            self.records = 0;
-            self.bytes = 0;
+impl StreamFramer {
+    /// The framer for `listener`'s protocol and record limit.
+    pub fn new(listener: &ListenerContext, max_json_depth: usize) -> Self {
+        let max = listener.config.max_record_bytes();
+        match listener.protocol {
+            Protocol::Lines | Protocol::Datagram => StreamFramer::Lines(LineFramer::new(max)),
+            Protocol::OctetCounted => StreamFramer::Octets(OctetFramer::new(max)),
+            Protocol::Syslog => StreamFramer::Syslog(SyslogFramer::new(max)),
+            Protocol::Forward => StreamFramer::Forward(ForwardFramer::new(max, max_json_depth)),
         }
     }
 }
 
-fn reject(reason: Rejected, ack: Option<crate::buffer::ack::Ack>) {
-    metrics::counter!(telemetry::INGEST_REJECTED, telemetry::REASON => reason.as_str()).increment(1);
-    if let Some(ack) = ack {
-        ack.refused(reason.as_str());
+impl Decoder for StreamFramer {
+    type Item = Frame;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        match self {
+            StreamFramer::Lines(framer) => framer.decode(buf),
+            StreamFramer::Octets(framer) => framer.decode(buf),
+            StreamFramer::Syslog(framer) => framer.decode(buf),
+            StreamFramer::Forward(framer) => framer.decode(buf),
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        match self {
+            StreamFramer::Lines(framer) => framer.decode_eof(buf),
+            StreamFramer::Octets(framer) => framer.decode_eof(buf),
+            StreamFramer::Syslog(framer) => framer.decode_eof(buf),
+            StreamFramer::Forward(framer) => framer.decode_eof(buf),
+        }
     }
 }
 
-/// The key from a JSON record's top-level `field`: a string's content, or any other value's JSON
-/// text. `None` for text records or when the field is absent.
-fn field_key(line: &str, field: &str) -> Option<Bytes> {
-    if !crate::envelope::is_json_object(line) {
-        return None;
+/// A framer that reports how many bytes its connection holds unread to the listener's
+/// `sluice_ingest_read_buffer_bytes` (it sees the read buffer after every read).
+struct Accounted<D> {
+    inner: D,
+    listener: Arc<ListenerContext>,
+    held: usize,
+}
+
+impl<D> Accounted<D> {
+    fn new(inner: D, listener: Arc<ListenerContext>) -> Self {
+        Self { inner, listener, held: 0 }
     }
-    let object: std::collections::HashMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(line).ok()?;
-    let value = object.get(field)?;
-    match serde_json::from_str::<std::borrow::Cow<'_, str>>(value.get()) {
-        Ok(text) => Some(Bytes::copy_from_slice(text.as_bytes())),
-        Err(_) => Some(Bytes::copy_from_slice(value.get().as_bytes())),
+
+    fn report(&mut self, now: usize) {
+        if now != self.held {
+            self.listener.buffered(now as i64 - self.held as i64);
+            self.held = now;
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl<D: Decoder<Item = Frame, Error = std::io::Error>> Decoder for Accounted<D> {
+    type Item = Frame;
+    type Error = std::io::Error;
 
-    #[test]
-    fn field_key_takes_string_content_and_other_values_as_json() {
-        assert_eq!(field_key(r#"{"user":"ann","n":1}"#, "user"), Some(Bytes::from_static(b"ann")));
-        assert_eq!(field_key(r#"{"user":"ann","n":12}"#, "n"), Some(Bytes::from_static(b"12")));
-        assert_eq!(field_key(r#"{"user":"ann"}"#, "missing"), None);
-        assert_eq!(field_key("plain text", "user"), None);
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        let frame = self.inner.decode(buf);
+        self.report(buf.len());
+        frame
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        let frame = self.inner.decode_eof(buf);
+        self.report(buf.len());
+        frame
+    }
+}
+
+impl<D> Drop for Accounted<D> {
+    fn drop(&mut self) {
+        self.report(0);
     }
 }

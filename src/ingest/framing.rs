@@ -1,13 +1,16 @@
-//! Newline framing with a hard length limit.
+//! Framing: cutting a connection's byte stream into records, with hard length limits.
 //!
-//! Owns: cutting a byte stream into records at `\n` (a trailing `\r` is removed too) and
-//! enforcing `ingest.max_record_size` while reading, so a writer that never sends a newline
-//! holds at most one record's worth of memory. Must not: allocate beyond the limit, stop the
-//! stream on an overlong record (it is discarded up to its newline and reported), or judge
-//! content (UTF-8 and JSON are the connection's business).
+//! Owns: newline framing (`lines`; a trailing `\r` is removed too), RFC 6587 octet counting
+//! (`octet_counted`: `LEN SP MSG`, so records may hold newlines), the syslog stream framer that
+//! tells the two apart per frame, and enforcing `max_record_size` while reading, so a writer
+//! that never ends a record holds at most one record's worth of memory. Must not: allocate
+//! beyond the limit (a declared length is never trusted for allocation), stop the stream on an
+//! overlong record (it is discarded up to its end and reported), or judge content (UTF-8 and
+//! JSON are [`super::record`]'s business).
 //!
-//! Hand-written because `tokio_util::codec::LinesCodec` ends the stream after a
-//! too-long line and insists on UTF-8; Sluice reports both cases and keeps the connection.
+//! Hand-written because `tokio_util::codec::LinesCodec` ends the stream after a too-long line
+//! and insists on UTF-8, and no crate frames RFC 6587 with a skip-don't-hold limit; Sluice
+//! reports both cases and keeps the connection.
 
 use bytes::{Buf, BytesMut};
 use tokio_util::codec::Decoder;
@@ -18,13 +21,17 @@ mod tests;
 /// One unit read from a connection.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// A record, without its line ending.
-    Line(BytesMut),
+    /// A record (a line without its ending, an octet-counted frame's body, a whole msgpack
+    /// message).
+    Record(BytesMut),
     /// A record longer than the limit was discarded; `len` bytes were thrown away.
     TooLarge {
-        /// How long the discarded record was (without its newline).
-        len: usize,
+        /// How long the discarded record was (without its framing).
+        len: u64,
     },
+    /// The stream cannot be framed any further (a length that is not a number, a truncated
+    /// frame, an impossible msgpack marker): count `reason` and close the connection.
+    Broken(crate::telemetry::Rejected),
 }
 
 /// Decoder for newline-delimited records of at most `max_len` bytes.
@@ -34,7 +41,7 @@ pub struct LineFramer {
     /// Bytes already searched for a newline in the current buffer (avoids rescanning).
     scanned: usize,
     /// `Some(n)` while discarding an overlong record of which `n` bytes have been dropped.
-    discarding: Option<usize>,
+    discarding: Option<u64>,
 }
 
 impl LineFramer {
@@ -54,10 +61,10 @@ impl Decoder for LineFramer {
                 Some(newline) => {
                     buf.advance(newline + 1);
                     self.discarding = None;
-                    Some(Frame::TooLarge { len: dropped + newline })
+                    Some(Frame::TooLarge { len: dropped + newline as u64 })
                 }
                 None => {
-                    self.discarding = Some(dropped + buf.len());
+                    self.discarding = Some(dropped + buf.len() as u64);
                     buf.clear();
                     None
                 }
@@ -70,15 +77,15 @@ impl Decoder for LineFramer {
                 let mut line = buf.split_to(end + 1);
                 line.truncate(if end > 0 && line[end - 1] == b'\r' { end - 1 } else { end });
                 if line.len() > self.max_len {
-                    return Ok(Some(Frame::TooLarge { len: line.len() }));
+                    return Ok(Some(Frame::TooLarge { len: line.len() as u64 }));
                 }
-                Ok(Some(Frame::Line(line)))
+                Ok(Some(Frame::Record(line)))
             }
             None if buf.len() > self.max_len + 1 => {
                 // No newline within the limit (+1 for a possible '\r'): this record is too
                 // large whatever follows. Drop what we have and keep dropping to the newline.
                 self.scanned = 0;
-                self.discarding = Some(buf.len());
+                self.discarding = Some(buf.len() as u64);
                 buf.clear();
                 Ok(None)
             }
@@ -106,8 +113,175 @@ impl Decoder for LineFramer {
             line.truncate(line.len() - 1);
         }
         if line.len() > self.max_len {
-            return Ok(Some(Frame::TooLarge { len: line.len() }));
+            return Ok(Some(Frame::TooLarge { len: line.len() as u64 }));
         }
-        Ok(Some(Frame::Line(line)))
+        Ok(Some(Frame::Record(line)))
+    }
+}
+
+/// Longest length prefix accepted: ten digits (anything longer is not a length but garbage).
+const MAX_LENGTH_DIGITS: usize = 10;
+
+/// Decoder for RFC 6587 octet-counted frames, `LEN SP MSG`, of at most `max_len` bytes.
+///
+/// Line breaks between frames are tolerated (some senders add one). A body longer than the
+/// limit is skipped as it arrives, never held; a prefix that is not a number breaks the stream.
+#[derive(Debug)]
+pub struct OctetFramer {
+    max_len: usize,
+    state: OctetState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OctetState {
+    /// Expecting `LEN SP`.
+    Header,
+    /// Expecting a body of this many bytes.
+    Body(usize),
+    /// Skipping an overlong body: `remaining` bytes still to skip, `len` declared.
+    Discard { remaining: u64, len: u64 },
+    /// The stream could not be framed: everything after is thrown away.
+    Broken,
+}
+
+impl OctetFramer {
+    /// A framer that accepts bodies of up to `max_len` bytes.
+    pub fn new(max_len: usize) -> Self {
+        Self { max_len, state: OctetState::Header }
+    }
+
+    fn broken(&mut self, buf: &mut BytesMut) -> Frame {
+        buf.clear();
+        self.state = OctetState::Broken;
+        Frame::Broken(crate::telemetry::Rejected::Malformed)
+    }
+}
+
+impl Decoder for OctetFramer {
+    type Item = Frame;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        loop {
+            match self.state {
+                OctetState::Header => {
+                    let skip = buf.iter().take_while(|&&b| b == b'\n' || b == b'\r').count();
+                    buf.advance(skip);
+                    let digits = buf.iter().take(MAX_LENGTH_DIGITS + 1).take_while(|b| b.is_ascii_digit()).count();
+                    if digits > MAX_LENGTH_DIGITS {
+                        return Ok(Some(self.broken(buf)));
+                    }
+                    match buf.get(digits) {
+                        None => return Ok(None),
+                        Some(b' ') if digits > 0 => {}
+                        Some(_) => return Ok(Some(self.broken(buf))),
+                    }
+                    // Ten ASCII digits always fit in a u64.
+                    let len = buf[..digits].iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+                    buf.advance(digits + 1);
+                    self.state = match usize::try_from(len) {
+                        Ok(len) if len <= self.max_len => OctetState::Body(len),
+                        _ => OctetState::Discard { remaining: len, len },
+                    };
+                }
+                OctetState::Body(len) => {
+                    if buf.len() < len {
+                        return Ok(None);
+                    }
+                    self.state = OctetState::Header;
+                    return Ok(Some(Frame::Record(buf.split_to(len))));
+                }
+                OctetState::Discard { remaining, len } => {
+                    let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len());
+                    buf.advance(take);
+                    let remaining = remaining - take as u64;
+                    if remaining > 0 {
+                        self.state = OctetState::Discard { remaining, len };
+                        return Ok(None);
+                    }
+                    self.state = OctetState::Header;
+                    return Ok(Some(Frame::TooLarge { len }));
+                }
+                OctetState::Broken => {
+                    buf.clear();
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        if let Some(frame) = self.decode(buf)? {
+            return Ok(Some(frame));
+        }
+        let truncated = match self.state {
+            OctetState::Header => !buf.is_empty(),
+            OctetState::Body(_) | OctetState::Discard { .. } => true,
+            OctetState::Broken => false,
+        };
+        Ok(truncated.then(|| self.broken(buf)))
+    }
+}
+
+/// Syslog over a stream: each frame is octet-counted if it starts with a digit and
+/// newline-terminated otherwise (a syslog message starts with `<`), as rsyslog tells them
+/// apart. Blank lines between frames are skipped: they hold no message.
+#[derive(Debug)]
+pub struct SyslogFramer {
+    lines: LineFramer,
+    octets: OctetFramer,
+    /// The framing of the frame being read, once its first byte has been seen.
+    current: Option<SyslogFraming>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SyslogFraming {
+    Lines,
+    Octets,
+}
+
+impl SyslogFramer {
+    /// A framer for messages of up to `max_len` bytes.
+    pub fn new(max_len: usize) -> Self {
+        Self { lines: LineFramer::new(max_len), octets: OctetFramer::new(max_len), current: None }
+    }
+
+    fn step(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Option<Frame>, std::io::Error> {
+        let framing = match self.current {
+            Some(framing) => framing,
+            None => {
+                let skip = buf.iter().take_while(|&&b| b == b'\n' || b == b'\r').count();
+                buf.advance(skip);
+                match buf.first() {
+                    None => return Ok(None),
+                    Some(byte) if byte.is_ascii_digit() => SyslogFraming::Octets,
+                    Some(_) => SyslogFraming::Lines,
+                }
+            }
+        };
+        self.current = Some(framing);
+        let frame = match (framing, eof) {
+            (SyslogFraming::Lines, false) => self.lines.decode(buf)?,
+            (SyslogFraming::Lines, true) => self.lines.decode_eof(buf)?,
+            (SyslogFraming::Octets, false) => self.octets.decode(buf)?,
+            (SyslogFraming::Octets, true) => self.octets.decode_eof(buf)?,
+        };
+        if frame.is_some() {
+            self.current = None;
+        }
+        Ok(frame)
+    }
+}
+
+impl Decoder for SyslogFramer {
+    type Item = Frame;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        self.step(buf, false)
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+        self.step(buf, true)
     }
 }

@@ -1,6 +1,7 @@
 use super::*;
+use crate::telemetry::Rejected;
 
-fn frames(framer: &mut LineFramer, input: &[&[u8]]) -> Vec<Frame> {
+fn frames(framer: &mut impl Decoder<Item = Frame, Error = std::io::Error>, input: &[&[u8]]) -> Vec<Frame> {
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     for chunk in input {
@@ -16,7 +17,7 @@ fn frames(framer: &mut LineFramer, input: &[&[u8]]) -> Vec<Frame> {
 }
 
 fn line(text: &str) -> Frame {
-    Frame::Line(BytesMut::from(text.as_bytes()))
+    Frame::Record(BytesMut::from(text.as_bytes()))
 }
 
 #[test]
@@ -68,4 +69,92 @@ fn accepts_a_record_of_exactly_the_limit() {
 fn reports_an_overlong_unterminated_record_at_end_of_stream() {
     let out = frames(&mut LineFramer::new(4), &[b"ok\n0123456789"]);
     assert_eq!(out, vec![line("ok"), Frame::TooLarge { len: 10 }]);
+}
+
+// ---- octet counting (RFC 6587)
+
+#[test]
+fn octet_counting_keeps_newlines_inside_a_record() {
+    let out = frames(&mut OctetFramer::new(100), &[b"11 line1\nline2", b"3 abc"]);
+    assert_eq!(out, vec![line("line1\nline2"), line("abc")]);
+}
+
+#[test]
+fn octet_counting_reassembles_frames_split_anywhere() {
+    let input = b"5 hello12 hello world!";
+    for split in 0..input.len() {
+        let out = frames(&mut OctetFramer::new(100), &[&input[..split], &input[split..]]);
+        assert_eq!(out, vec![line("hello"), line("hello world!")], "split at {split}");
+    }
+}
+
+#[test]
+fn octet_counting_tolerates_line_breaks_between_frames() {
+    let out = frames(&mut OctetFramer::new(100), &[b"2 ab\n\r\n2 cd\n"]);
+    assert_eq!(out, vec![line("ab"), line("cd")]);
+}
+
+#[test]
+fn octet_counting_skips_an_overlong_body_without_holding_it_and_continues() {
+    let mut framer = OctetFramer::new(10);
+    let mut buf = BytesMut::from(&b"50 "[..]);
+    assert_eq!(framer.decode(&mut buf).expect("decode"), None);
+    for _ in 0..5 {
+        buf.extend_from_slice(b"xxxxxxxxxx");
+        let frame = framer.decode(&mut buf).expect("decode");
+        assert!(buf.is_empty(), "skipped bytes are not held");
+        if frame.is_some() {
+            assert_eq!(frame, Some(Frame::TooLarge { len: 50 }));
+        }
+    }
+    buf.extend_from_slice(b"2 ok");
+    assert_eq!(framer.decode(&mut buf).expect("decode"), Some(line("ok")));
+}
+
+#[test]
+fn octet_counting_does_not_allocate_a_declared_4_gib() {
+    let mut framer = OctetFramer::new(1024);
+    let mut buf = BytesMut::from(&b"4294967296 abc"[..]);
+    assert_eq!(framer.decode(&mut buf).expect("decode"), None);
+    assert!(buf.capacity() < 1024);
+    assert_eq!(framer.decode_eof(&mut buf).expect("decode"), Some(Frame::Broken(Rejected::Malformed)));
+}
+
+#[test]
+fn octet_counting_breaks_on_a_length_that_is_not_a_number() {
+    for input in [&b"abc def"[..], b" 5 hello", b"12345678901 x", b"-1 x"] {
+        let out = frames(&mut OctetFramer::new(100), &[input]);
+        assert_eq!(out.first(), Some(&Frame::Broken(Rejected::Malformed)), "{input:?}");
+    }
+}
+
+#[test]
+fn octet_counting_reports_a_frame_truncated_by_end_of_stream() {
+    let out = frames(&mut OctetFramer::new(100), &[b"3 ab"]);
+    assert_eq!(out, vec![Frame::Broken(Rejected::Malformed)]);
+    let out = frames(&mut OctetFramer::new(100), &[b"2 ab12"]);
+    assert_eq!(out, vec![line("ab"), Frame::Broken(Rejected::Malformed)]);
+}
+
+#[test]
+fn a_zero_length_frame_is_an_empty_record() {
+    let out = frames(&mut OctetFramer::new(100), &[b"0 2 ab"]);
+    assert_eq!(out, vec![line(""), line("ab")]);
+}
+
+// ---- syslog stream framing
+
+#[test]
+fn syslog_stream_tells_octet_counted_from_newline_frames_per_frame() {
+    let out = frames(&mut SyslogFramer::new(100), &[b"<13>one\n8 <13>t\nwo<14>three\n\n<15>four"]);
+    assert_eq!(out, vec![line("<13>one"), line("<13>t\nwo"), line("<14>three"), line("<15>four")]);
+}
+
+#[test]
+fn syslog_stream_framing_survives_any_split() {
+    let input = b"5 <1>a\n<2>bb\n6 <3>ccc";
+    for split in 0..input.len() {
+        let out = frames(&mut SyslogFramer::new(100), &[&input[..split], &input[split..]]);
+        assert_eq!(out, vec![line("<1>a\n"), line("<2>bb"), line("<3>ccc")], "split at {split}");
+    }
 }

@@ -1,0 +1,80 @@
+//! A datagram listener: one datagram, one record (`datagram`, or `syslog` over `SOCK_DGRAM`,
+//! which is what `logger -u` and most syslog libraries send).
+//!
+//! Owns: the receive loop of one datagram socket and draining what the kernel still queues at
+//! shutdown. Must not: hold more than one datagram (the receive buffer is `max_record_size` plus
+//! one byte, so an overlong datagram is detected, not reassembled), or claim a peer it cannot
+//! know (datagram sockets carry no `SO_PEERCRED`; envelopes from here have no `peer`).
+//!
+//! There are no connections: `max_connections`, `idle_timeout` and the peer allowlist do not
+//! apply (config validation refuses the last), and a rate limit keyed `connection` is one bucket
+//! for the whole socket. With `throttle`, waiting leaves datagrams in the kernel queue until
+//! writers block in `send`, which is the backpressure a datagram socket has.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixDatagram;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::limit::LimitKey;
+use super::sink::RecordSink;
+use super::{IngestContext, ListenerContext};
+use crate::telemetry::Rejected;
+
+/// Receives datagrams until `stop`, then takes what is already queued and returns.
+pub async fn serve(
+    socket: UnixDatagram,
+    listener: Arc<ListenerContext>,
+    ingest: Arc<IngestContext>,
+    stop: CancellationToken,
+) {
+    let max = listener.config.max_record_bytes();
+    let mut buf = vec![0u8; max + 1];
+    let mut sink = RecordSink::new(&ingest, &listener, LimitKey::Connection(0), String::new());
+    while !stop.is_cancelled() {
+        let received = match socket.try_recv(&mut buf) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing queued: publish the counts before waiting.
+                sink.flush_counters();
+                tokio::select! {
+                    biased;
+                    received = socket.recv(&mut buf) => received,
+                    _ = stop.cancelled() => break,
+                }
+            }
+            other => other,
+        };
+        match received {
+            Ok(len) => take(&mut sink, &buf, len, max).await,
+            Err(error) => {
+                warn!(%error, listener = %listener.name, "receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    // What writers already sent is in the kernel's queue: take it before closing.
+    loop {
+        match socket.try_recv(&mut buf) {
+            Ok(len) => take(&mut sink, &buf, len, max).await,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) => {
+                warn!(%error, listener = %listener.name, "receive failed while draining");
+                break;
+            }
+        }
+    }
+    sink.flush_counters();
+}
+
+async fn take(sink: &mut RecordSink<'_>, buf: &[u8], len: usize, max: usize) {
+    match len {
+        // A zero-length datagram carries no record: it is how a second agent probes whether
+        // the socket is alive.
+        0 => {}
+        len if len > max => sink.reject(Rejected::TooLarge, None),
+        len => sink.offer(&buf[..len], None).await,
+    }
+}

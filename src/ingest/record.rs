@@ -1,0 +1,97 @@
+//! What every record must be before it is wrapped: the checks shared by all protocols.
+//!
+//! Owns: the content rules (not empty, valid UTF-8, no U+0000, JSON nested no deeper than
+//! `ingest.max_json_depth`). Must not: allocate, or judge framing (that is the framer's) or size
+//! (checked while reading, before the bytes are held).
+//!
+//! - empty: `reason="empty"`;
+//! - not UTF-8: `reason="invalid_utf8"` (rejected rather than repaired, so every stored payload
+//!   is byte-identical to what the app wrote);
+//! - contains a NUL byte: `reason="contains_nul"` (PostgreSQL text cannot hold U+0000; refusing
+//!   at the socket tells the writer, instead of a dead letter far downstream);
+//! - a record starting with `{` whose brackets (outside strings) nest deeper than the limit:
+//!   `reason="too_deep"`. JSON parsers recurse per level; this bounds their stack and time. The
+//!   scan does not parse, so text that only looks like deep JSON is refused too.
+
+use crate::telemetry::Rejected;
+
+/// Checks one record and returns it as text.
+pub fn validate(bytes: &[u8], max_json_depth: usize) -> Result<&str, Rejected> {
+    if bytes.is_empty() {
+        return Err(Rejected::Empty);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| Rejected::InvalidUtf8)?;
+    if memchr::memchr(0, bytes).is_some() {
+        return Err(Rejected::ContainsNul);
+    }
+    if bytes[0] == b'{' && json_depth_exceeds(bytes, max_json_depth) {
+        return Err(Rejected::TooDeep);
+    }
+    Ok(text)
+}
+
+/// True if brackets outside strings nest deeper than `max`. A byte scan: cheaper than parsing,
+/// and it stops at the first level too deep (so a megabyte of `[` costs nothing to refuse).
+pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in bytes {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_text_and_json_within_limits() {
+        assert_eq!(validate(b"hello", 4), Ok("hello"));
+        assert_eq!(validate(br#"{"a":{"b":[1,2]}}"#, 3), Ok(r#"{"a":{"b":[1,2]}}"#));
+    }
+
+    #[test]
+    fn refuses_empty_invalid_utf8_and_nul_with_their_reasons() {
+        assert_eq!(validate(b"", 4), Err(Rejected::Empty));
+        assert_eq!(validate(b"caf\xe9", 4), Err(Rejected::InvalidUtf8));
+        assert_eq!(validate(b"a\0b", 4), Err(Rejected::ContainsNul));
+    }
+
+    #[test]
+    fn refuses_json_nested_deeper_than_the_limit() {
+        assert_eq!(validate(br#"{"a":{"b":[1]}}"#, 2), Err(Rejected::TooDeep));
+        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(validate(deep.as_bytes(), 64), Err(Rejected::TooDeep));
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_count() {
+        assert_eq!(validate(br#"{"a":"[[[[[[\"{{{{"}"#, 1), Ok(r#"{"a":"[[[[[[\"{{{{"}"#));
+    }
+
+    #[test]
+    fn text_starting_with_a_bracket_is_judged_only_as_json_objects_are() {
+        assert_eq!(validate(b"[[[[[[[[ not json", 2), Ok("[[[[[[[[ not json"));
+    }
+}

@@ -1,0 +1,222 @@
+//! From a decoded record to the buffer, the same for every protocol.
+//!
+//! Owns: the content checks of [`super::record`], the protocol's transformation (syslog fields,
+//! Forward's JSON), the rate limit (wait or drop), wrapping in an envelope, choosing the Kafka
+//! key, pushing to the buffer, and counting accepted and refused records with the listener's
+//! labels. Must not: wait on anything but the rate limit (`throttle`) and the buffer's `block`
+//! policy, both cut short at the drain deadline; or touch shared counters per record (counts
+//! are flushed in batches).
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use tracing::trace;
+
+use super::limit::LimitKey;
+use super::{IngestContext, KeyRule, ListenerContext, record, syslog};
+use crate::buffer::Admission;
+use crate::buffer::ack::Ack;
+use crate::config::{Protocol, RateLimitAction};
+use crate::telemetry::{self, Rejected};
+
+/// Flush local counters after this many records.
+const COUNTER_FLUSH_EVERY: u64 = 256;
+
+#[derive(Clone, Copy)]
+enum Bucket {
+    Records,
+    Bytes,
+}
+
+/// One connection's (or datagram socket's) way into the buffer.
+pub struct RecordSink<'a> {
+    ingest: &'a IngestContext,
+    listener: &'a ListenerContext,
+    /// Whose rate-limit bucket records are charged to.
+    limit_key: LimitKey,
+    admission: Admission,
+    /// `"peer":{...},`, or empty where the socket cannot tell (datagrams).
+    peer_fragment: String,
+    /// The envelope being written.
+    envelope: Vec<u8>,
+    /// A transformed record (syslog, Forward).
+    transformed: Vec<u8>,
+    /// Counted locally and flushed in batches: the hot path touches no shared counter.
+    records: u64,
+    bytes: u64,
+}
+
+impl<'a> RecordSink<'a> {
+    /// A sink for one connection.
+    pub fn new(
+        ingest: &'a IngestContext,
+        listener: &'a ListenerContext,
+        limit_key: LimitKey,
+        peer_fragment: String,
+    ) -> Self {
+        Self {
+            ingest,
+            listener,
+            limit_key,
+            admission: Admission::default(),
+            peer_fragment,
+            envelope: Vec::with_capacity(1024),
+            transformed: Vec::new(),
+            records: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Offers one record as read from the socket (a line, a frame body, a datagram), checking
+    /// it and, for syslog, parsing it. `ack` is settled (or refused) with the record.
+    pub async fn offer(&mut self, bytes: &[u8], ack: Option<Ack>) {
+        let bytes = match self.listener.protocol {
+            Protocol::Syslog => syslog::trim_trailer(bytes),
+            // `echo msg | socat - UNIX-SENDTO:…` sends the newline too; it is not the record's.
+            Protocol::Datagram => bytes.strip_suffix(b"\n").map_or(bytes, |b| b.strip_suffix(b"\r").unwrap_or(b)),
+            _ => bytes,
+        };
+        let text = match record::validate(bytes, self.ingest.max_json_depth) {
+            Ok(text) => text,
+            Err(reason) => return self.reject(reason, ack),
+        };
+        if self.listener.protocol == Protocol::Syslog {
+            let mut json = std::mem::take(&mut self.transformed);
+            syslog::to_record(text, &mut json);
+            // serde_json wrote it: valid UTF-8.
+            let record = String::from_utf8_lossy(&json);
+            self.submit(&record, bytes.len(), ack).await;
+            drop(record);
+            self.transformed = json;
+        } else {
+            self.submit(text, bytes.len(), ack).await;
+        }
+    }
+
+    /// Offers a record that is already JSON built by Sluice (a Forward event); `raw_len` is
+    /// what it cost on the wire, for the byte counters and limits.
+    pub async fn offer_json(&mut self, json: &[u8], raw_len: usize, ack: Option<Ack>) {
+        match record::validate(json, self.ingest.max_json_depth) {
+            Ok(text) => self.submit(text, raw_len, ack).await,
+            Err(reason) => self.reject(reason, ack),
+        }
+    }
+
+    /// Counts a refused record and refuses its ack.
+    pub fn reject(&self, reason: Rejected, ack: Option<Ack>) {
+        trace!(reason = reason.as_str(), "record refused");
+        self.listener.metrics.rejected(reason.as_str());
+        if let Some(ack) = ack {
+            ack.refused(reason.as_str());
+        }
+    }
+
+    /// Rate limit, envelope, key, buffer.
+    async fn submit(&mut self, text: &str, raw_len: usize, ack: Option<Ack>) {
+        if let Some(limits) = &self.listener.limits {
+            let allowed = match limits.action {
+                RateLimitAction::Drop => limits.check(&self.limit_key, raw_len).is_ok(),
+                RateLimitAction::Throttle => self.wait_for_tokens(raw_len).await,
+            };
+            if !allowed {
+                match limits.action {
+                    RateLimitAction::Drop => return self.reject(Rejected::RateLimited, ack),
+                    // The drain deadline passed while waiting.
+                    RateLimitAction::Throttle => return abandoned(),
+                }
+            }
+        }
+        let now = chrono::Utc::now();
+        self.ingest.envelopes.write(text, &self.peer_fragment, now, &mut self.envelope);
+        let key = match &*self.ingest.key.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            KeyRule::None => None,
+            KeyRule::Fixed(key) => Some(key.clone()),
+            KeyRule::Field(field) => field_key(text, field),
+        };
+        self.records += 1;
+        self.bytes += raw_len as u64;
+        if self.records >= COUNTER_FLUSH_EVERY {
+            self.flush_counters();
+        }
+        let payload = Bytes::copy_from_slice(&self.envelope);
+        let ingest_ms = now.timestamp_millis() as u64;
+        let push = self.ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission);
+        tokio::select! {
+            // A drop by policy is counted (and its ack refused) by the buffer.
+            _ = push => {}
+            _ = self.ingest.abandon.cancelled() => abandoned(),
+        }
+    }
+
+    /// `throttle`: waits until the record's tokens are there, record bucket first, then byte
+    /// bucket (a record token is never charged twice). False if the drain deadline passed first.
+    async fn wait_for_tokens(&self, len: usize) -> bool {
+        let Some(limits) = &self.listener.limits else { return true };
+        let mut counted = false;
+        for bucket in [Bucket::Records, Bucket::Bytes] {
+            loop {
+                let result = match bucket {
+                    Bucket::Records => limits.check_records(&self.limit_key),
+                    Bucket::Bytes => limits.check_bytes(&self.limit_key, len),
+                };
+                let Err(wait) = result else { break };
+                if !counted {
+                    self.listener.metrics.throttled.increment(1);
+                    counted = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = self.ingest.abandon.cancelled() => return false,
+                }
+            }
+        }
+        true
+    }
+
+    /// Adds the local counts to the listener's counters.
+    pub fn flush_counters(&mut self) {
+        if self.records > 0 {
+            self.listener.metrics.records.increment(self.records);
+            self.listener.metrics.bytes.increment(self.bytes);
+            self.records = 0;
+            self.bytes = 0;
+        }
+    }
+}
+
+impl Drop for RecordSink<'_> {
+    fn drop(&mut self) {
+        self.flush_counters();
+    }
+}
+
+/// A record given up at the drain deadline (its ack, never settled, is not acknowledged).
+fn abandoned() {
+    metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
+}
+
+/// The key from a JSON record's top-level `field`: a string's content, or any other value's JSON
+/// text. `None` for text records or when the field is absent.
+pub fn field_key(line: &str, field: &str) -> Option<Bytes> {
+    if !crate::envelope::is_json_object(line) {
+        return None;
+    }
+    let object: std::collections::HashMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(line).ok()?;
+    let value = object.get(field)?;
+    match serde_json::from_str::<std::borrow::Cow<'_, str>>(value.get()) {
+        Ok(text) => Some(Bytes::copy_from_slice(text.as_bytes())),
+        Err(_) => Some(Bytes::copy_from_slice(value.get().as_bytes())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_key_takes_string_content_and_other_values_as_json() {
+        assert_eq!(field_key(r#"{"user":"ann","n":1}"#, "user"), Some(Bytes::from_static(b"ann")));
+        assert_eq!(field_key(r#"{"user":"ann","n":12}"#, "n"), Some(Bytes::from_static(b"12")));
+        assert_eq!(field_key(r#"{"user":"ann"}"#, "missing"), None);
+        assert_eq!(field_key("plain text", "user"), None);
+    }
+}
