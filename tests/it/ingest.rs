@@ -4,7 +4,8 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_the_connection() {
-    let pipeline = start_pipeline("reject", 1, |config| _ = config.set("ingest", "max_record_size", "1 KiB")).await;
+    let pipeline =
+        start_pipeline("reject", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     let lines = vec![
@@ -37,7 +38,7 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
-    let pipeline = start_pipeline("slow", 1, |config| _ = config.set("ingest", "max_record_size", "1 KiB")).await;
+    let pipeline = start_pipeline("slow", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     // One connection dribbles bytes and never ends its record...

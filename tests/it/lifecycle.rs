@@ -11,7 +11,7 @@ async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
     let topic = unique("stale");
     create_topic(&services.kafka, &topic, 1).await;
     let mut config = TestConfig::new(&services, &topic);
-    config.set("ingest", "socket_mode", "0600");
+    config.listener("default", "socket_mode", "0600");
     // A socket file left behind by a crashed agent: bound, then closed without unlinking.
     drop(std::os::unix::net::UnixListener::bind(config.socket()).expect("bind"));
     let _agent = start_agent(&config).await;
@@ -50,7 +50,7 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
         .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
         .set("buffer", "max_bytes", "64 KiB")
         .set("buffer", "when_full", "drop_newest")
-        .set("ingest", "max_record_size", "1 KiB")
+        .listener("default", "max_record_size", "1 KiB")
         .set("agent", "drain_timeout", "1s");
     let path = config.write();
     let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());

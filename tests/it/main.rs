@@ -4,10 +4,12 @@
 mod chart;
 mod cli;
 mod faults;
+mod hostile;
 mod ingest;
 mod lifecycle;
 mod observability;
 mod pipeline;
+mod protocols;
 mod reload;
 mod schema;
 mod support;

@@ -46,7 +46,8 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     let lines: Vec<Vec<u8>> = (0..500).map(|n| numbered("observe", n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
     // A dead letter and a rejection, so those series carry values too.
-    send_lines(&config.socket(), &[b"nul \0 here".to_vec(), vec![0xff]]).await;
+    // (An escaped U+0000 is valid JSON the agent passes on; PostgreSQL cannot store it.)
+    send_lines(&config.socket(), &[br#"{"nul":"\u0000 here"}"#.to_vec(), vec![0xff]]).await;
     wait_for_rows(db, 500, WAIT).await;
     // librdkafka's statistics arrive every 5 seconds.
     let (agent, persister) = eventually("statistics in both scrapes", || async {

@@ -13,7 +13,7 @@ fn offline(services: &Services) -> TestConfig {
         .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
         .set("buffer", "max_bytes", "64 KiB")
         .set("buffer", "when_full", "drop_newest")
-        .set("ingest", "max_record_size", "1 KiB")
+        .listener("default", "max_record_size", "1 KiB")
         .set("agent", "drain_timeout", "1s");
     config
 }
@@ -55,14 +55,14 @@ async fn sighup_applies_a_new_policy_rejects_an_invalid_file_and_keeps_restart_o
     wait_for_count(&config, "sluice_buffer_records_dropped_total", &[("reason", "drop_newest")], 1000.0).await;
 
     // A live key and a restart-only key change together.
-    config.set("buffer", "when_full", "drop_oldest").set("ingest", "socket_mode", "0600");
+    config.set("buffer", "when_full", "drop_oldest").listener("default", "socket_mode", "0600");
     config.write_to(&path);
     agent.signal("HUP");
     wait_for_count(&config, "sluice_config_reloads_total", &[("result", "applied")], 1.0).await;
     let shown = running_config(&config).await;
     assert!(shown.contains("when_full = \"drop_oldest\""), "{shown}");
     assert!(shown.contains("socket_mode = \"0660\""), "restart-only keys keep their running value:\n{shown}");
-    assert!(agent.log_text().contains("ingest.socket_mode"), "the log names what needs a restart");
+    assert!(agent.log_text().contains("ingest.listeners.default.socket_mode"), "the log names what needs a restart");
 
     let before =
         scrape(config.agent_admin()).await.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]);

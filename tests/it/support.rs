@@ -16,10 +16,12 @@ use rdkafka::client::DefaultClientContext;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod broker;
+mod clients;
 mod load;
 mod proxy;
 
 pub use broker::{PrivateBroker, SASL_PASSWORD};
+pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, numbered, numbers_in};
 pub use proxy::Proxy;
 
@@ -97,7 +99,7 @@ impl TestConfig {
             [agent]
             admin_listen = "127.0.0.1:{agent_port}"
             drain_timeout = "15s"
-            [ingest]
+            [ingest.listeners.default]
             socket = "{socket}"
             [persist]
             admin_listen = "127.0.0.1:{persist_port}"
@@ -137,8 +139,37 @@ impl TestConfig {
         self.table[section][key].as_str().expect("string key")
     }
 
+    /// Sets `key` of listener `name` (`[ingest.listeners.NAME]`), creating the listener.
+    pub fn listener(&mut self, name: &str, key: &str, value: impl Into<toml::Value>) -> &mut Self {
+        let listeners = self.table["ingest"]["listeners"].as_table().cloned().unwrap_or_default();
+        let mut listeners = listeners;
+        let entry = listeners.entry(name).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        entry.as_table_mut().expect("listener is a table").insert(key.to_string(), value.into());
+        self.table["ingest"].as_table_mut().expect("ingest is a table").insert("listeners".into(), listeners.into());
+        self
+    }
+
+    /// Adds listener `name` speaking `protocol` on a new socket in the test's directory; returns
+    /// the socket path.
+    pub fn add_listener(&mut self, name: &str, protocol: &str) -> PathBuf {
+        let socket = self.dir.path().join(format!("{name}.sock"));
+        self.listener(name, "protocol", protocol).listener(name, "socket", socket.display().to_string());
+        socket
+    }
+
+    /// The default listener's socket.
     pub fn socket(&self) -> PathBuf {
-        PathBuf::from(self.get("ingest", "socket"))
+        self.listener_socket("default")
+    }
+
+    /// Listener `name`'s socket.
+    pub fn listener_socket(&self, name: &str) -> PathBuf {
+        PathBuf::from(self.table["ingest"]["listeners"][name]["socket"].as_str().expect("socket path"))
+    }
+
+    fn listener_sockets(&self) -> Vec<PathBuf> {
+        let listeners = self.table["ingest"]["listeners"].as_table().expect("listeners");
+        listeners.keys().map(|name| self.listener_socket(name)).collect()
     }
 
     pub fn agent_admin(&self) -> SocketAddr {
@@ -170,8 +201,9 @@ impl TestConfig {
     pub async fn spawn_agent_at(&self, path: &Path) -> Process {
         let agent =
             Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], self.dir.path());
-        let socket = self.socket();
-        eventually("socket", || async { socket.exists().then_some(()) }).await;
+        for socket in self.listener_sockets() {
+            eventually("socket", || async { socket.exists().then_some(()) }).await;
+        }
         agent
     }
 }
@@ -336,20 +368,25 @@ pub async fn scrape(admin: SocketAddr) -> Metrics {
 pub struct Metrics(pub String);
 
 impl Metrics {
-    /// The value of the sample `name{labels}` (labels must match exactly), if present.
+    /// The sum of the samples of `name` that carry `labels` (other labels, such as `listener`,
+    /// are summed over), if any is present.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.0.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (series_name, series_labels) = match series.split_once('{') {
-                Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
-                None => (series, HashMap::new()),
-            };
-            let wanted: HashMap<&str, &str> = labels.iter().copied().collect();
-            let matches = series_name == name
-                && series_labels.len() == wanted.len()
-                && wanted.iter().all(|(k, v)| series_labels.get(k).map(String::as_str) == Some(*v));
-            matches.then(|| value.parse().ok()).flatten()
-        })
+        let values: Vec<f64> = self
+            .0
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (series_name, series_labels) = match series.split_once('{') {
+                    Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+                    None => (series, HashMap::new()),
+                };
+                let matches = series_name == name
+                    && labels.iter().all(|(k, v)| series_labels.get(k).map(String::as_str) == Some(*v));
+                matches.then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
     }
 
     /// Like [`Metrics::value`], 0 when the series does not exist yet.

@@ -1,0 +1,311 @@
+//! A buggy or hostile writer cannot hurt the agent or its neighbours: every kind of bad input is
+//! refused and counted, connection limits and the peer allowlist hold, slow writers hold only
+//! their read buffer, and rate limits slow or drop exactly the writer over them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::support::*;
+
+/// Waits until the agent closes `stream` (a read sees end of stream or a reset).
+async fn closed_by_agent(stream: &mut UnixStream) {
+    let mut buf = [0u8; 64];
+    loop {
+        match within(WAIT, "the agent to close the connection", stream.read(&mut buf)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn connect(socket: &Path) -> UnixStream {
+    within(WAIT, "connect", UnixStream::connect(socket)).await.expect("connect")
+}
+
+async fn wait_for_metric(config: &TestConfig, name: &str, labels: &[(&str, &str)], value: f64) {
+    eventually(&format!("{name}{labels:?} = {value}"), || async {
+        let seen = scrape(config.agent_admin()).await.count(name, labels);
+        (seen == value).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_flowing() {
+    let pipeline = start_pipeline("hostile", 1, |config| _ = config.set("ingest", "max_json_depth", 8)).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+
+    let mut neighbour = connect(&config.socket()).await;
+    neighbour.write_all(b"neighbour 1\n").await.expect("write");
+    let deep = format!("{{\"a\":{}1{}}}", "[".repeat(8), "]".repeat(8));
+    let ok_depth = format!("{{\"a\":{}1{}}}", "[".repeat(7), "]".repeat(7));
+    send_lines(
+        &config.socket(),
+        &[b"nul \0 byte".to_vec(), deep.into_bytes(), ok_depth.clone().into_bytes(), b"\xc3\x28".to_vec()],
+    )
+    .await;
+    neighbour.write_all(b"neighbour 2\n").await.expect("write");
+    neighbour.shutdown().await.expect("close");
+
+    wait_for_rows(db, 3, WAIT).await;
+    let rejected = |reason| ("reason", reason);
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &[rejected("contains_nul")], 1.0).await;
+    let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[rejected("too_deep")]), 1.0);
+    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[rejected("invalid_utf8")]), 1.0);
+    assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 3.0);
+    let payloads: Vec<String> = db
+        .query("SELECT payload FROM logs ORDER BY payload", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads, vec!["neighbour 1".to_string(), "neighbour 2".into(), ok_depth]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
+    let mut socket = None;
+    let pipeline = start_pipeline("octets", 1, |config| {
+        socket = Some(config.add_listener("octets", "octet_counted"));
+        config.listener("octets", "max_record_size", "1 KiB");
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let socket = socket.expect("socket");
+    let malformed = [("listener", "octets"), ("reason", "malformed")];
+
+    // A length that is not a number: the stream cannot be framed any further.
+    let mut garbage = connect(&socket).await;
+    garbage.write_all(b"5 fine!hello world").await.expect("write");
+    closed_by_agent(&mut garbage).await;
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &malformed, 1.0).await;
+
+    // A declared length of 4 GiB: skipped as it arrives, never held, then cut short.
+    let mut huge = connect(&socket).await;
+    huge.write_all(b"4294967296 ").await.expect("write");
+    for _ in 0..100 {
+        huge.write_all(&[b'x'; 1000]).await.expect("write");
+    }
+    let metrics = scrape(config.agent_admin()).await;
+    assert!(metrics.count("sluice_ingest_read_buffer_bytes", &[("listener", "octets")]) <= 1024.0);
+    drop(huge);
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &malformed, 2.0).await;
+
+    // An overlong body is skipped and the connection goes on.
+    let mut overlong = connect(&socket).await;
+    let body = "y".repeat(5000);
+    overlong.write_all(format!("{} {body}5 after", body.len()).as_bytes()).await.expect("write");
+    overlong.shutdown().await.expect("close");
+    wait_for_rows(db, 2, WAIT).await;
+    let too_large = [("listener", "octets"), ("reason", "too_large")];
+    assert_eq!(scrape(config.agent_admin()).await.count("sluice_ingest_records_rejected_total", &too_large), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
+    let mut socket = None;
+    let pipeline = start_pipeline("fwd-hostile", 1, |config| {
+        socket = Some(config.add_listener("fluent", "forward"));
+        config.listener("fluent", "max_record_size", "64 KiB");
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let socket = socket.expect("socket");
+    let rejected = |reason| [("listener", "fluent"), ("reason", reason)];
+    let message = |text: &str| {
+        let mut out = Vec::new();
+        let value = rmpv::Value::Array(vec![
+            rmpv::Value::from("t"),
+            rmpv::Value::from(0),
+            rmpv::Value::Map(vec![(rmpv::Value::from("message"), rmpv::Value::from(text))]),
+        ]);
+        rmpv::encode::write_value(&mut out, &value).expect("encode");
+        out
+    };
+
+    // Well-formed msgpack that is not a Forward message: refused, the connection goes on.
+    let mut wrong_shape = connect(&socket).await;
+    wrong_shape.write_all(&[0xa3, b'a', b'b', b'c']).await.expect("write");
+    wrong_shape.write_all(&message("after a wrong shape")).await.expect("write");
+    wrong_shape.shutdown().await.expect("close");
+    wait_for_rows(db, 1, WAIT).await;
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 1.0).await;
+
+    // The marker msgpack never uses: the stream is lost, the connection closed.
+    let mut bad_marker = connect(&socket).await;
+    bad_marker.write_all(&[0x93, 0xc1]).await.expect("write");
+    closed_by_agent(&mut bad_marker).await;
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 2.0).await;
+
+    // A declared 4 GiB string is skipped as it arrives; a writer that leaves mid-message is
+    // counted.
+    let mut huge = connect(&socket).await;
+    huge.write_all(&[0x93, 0xa1, b't', 0xdb, 0xff, 0xff, 0xff, 0xff]).await.expect("write");
+    for _ in 0..200 {
+        huge.write_all(&[b'x'; 1000]).await.expect("write");
+    }
+    let metrics = scrape(config.agent_admin()).await;
+    assert!(metrics.count("sluice_ingest_read_buffer_bytes", &[("listener", "fluent")]) <= 64.0 * 1024.0 + 1.0);
+    drop(huge);
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 3.0).await;
+
+    // Nesting deeper than max_json_depth + 3 containers cannot be delimited safely: closed.
+    let mut deep = connect(&socket).await;
+    deep.write_all(&[0x91; 100]).await.expect("write");
+    closed_by_agent(&mut deep).await;
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("too_deep"), 1.0).await;
+
+    send_forward(&socket, &message("still served")).await;
+    wait_for_rows(db, 2, WAIT).await;
+}
+
+async fn send_forward(socket: &Path, bytes: &[u8]) {
+    let mut stream = connect(socket).await;
+    stream.write_all(bytes).await.expect("write");
+    stream.shutdown().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_max_connections_are_closed_at_once_and_counted() {
+    let pipeline = start_pipeline("maxconn", 1, |config| _ = config.listener("default", "max_connections", 2)).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let mut first = connect(&config.socket()).await;
+    let _second = connect(&config.socket()).await;
+    first.write_all(b"from the first\n").await.expect("write");
+    wait_for_rows(db, 1, WAIT).await;
+
+    let mut third = connect(&config.socket()).await;
+    closed_by_agent(&mut third).await;
+    let refused = [("listener", "default"), ("reason", "max_connections")];
+    wait_for_metric(config, "sluice_ingest_connections_refused_total", &refused, 1.0).await;
+
+    drop(first);
+    wait_for_metric(config, "sluice_ingest_connections_open", &[], 1.0).await;
+    send_lines(&config.socket(), &[b"room again".to_vec()]).await;
+    wait_for_rows(db, 2, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_outside_the_allowlist_is_closed_and_counted() {
+    let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).expect("own uid");
+    let mut allowed = None;
+    let pipeline = start_pipeline("peers", 1, |config| {
+        config.listener("default", "allow_uids", vec![toml::Value::from(i64::from(uid) + 1)]);
+        allowed = Some(config.add_listener("mine", "lines"));
+        config.listener("mine", "allow_uids", vec![toml::Value::from(i64::from(uid))]);
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+
+    let mut denied = connect(&config.socket()).await;
+    let _ = denied.write_all(b"not allowed\n").await;
+    closed_by_agent(&mut denied).await;
+    let refused = [("listener", "default"), ("reason", "peer_denied")];
+    wait_for_metric(config, "sluice_ingest_connections_refused_total", &refused, 1.0).await;
+
+    send_lines(&allowed.expect("socket"), &[b"allowed".to_vec()]).await;
+    wait_for_rows(db, 1, WAIT).await;
+    let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 1.0, "nothing from the denied peer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_idle_timeout() {
+    let pipeline = start_pipeline("idle", 1, |config| _ = config.listener("default", "idle_timeout", "1s")).await;
+    let config = &pipeline.config;
+    let mut idle = connect(&config.socket()).await;
+    idle.write_all(b"one record, then silence\n").await.expect("write");
+    closed_by_agent(&mut idle).await;
+    wait_for_metric(config, "sluice_ingest_connections_idle_closed_total", &[("listener", "default")], 1.0).await;
+    wait_for_rows(&pipeline.db, 1, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_writers_hold_only_their_read_buffer_and_others_flow() {
+    let pipeline =
+        start_pipeline("slowloris", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let mut slow = Vec::new();
+    for _ in 0..10 {
+        let mut stream = connect(&config.socket()).await;
+        stream.write_all(&[b's'; 500]).await.expect("write");
+        slow.push(stream);
+    }
+    // Ten partial records of 500 bytes are held, exactly.
+    wait_for_metric(config, "sluice_ingest_read_buffer_bytes", &[], 5000.0).await;
+    send_lines(&config.socket(), &[b"a busy neighbour".to_vec()]).await;
+    wait_for_rows(db, 1, WAIT).await;
+    // Past max_record_size nothing more is held: the records are being discarded.
+    for stream in &mut slow {
+        stream.write_all(&[b's'; 600]).await.expect("write");
+    }
+    wait_for_metric(config, "sluice_ingest_read_buffer_bytes", &[], 0.0).await;
+    for stream in &mut slow {
+        stream.write_all(b"\n").await.expect("write");
+    }
+    wait_for_metric(config, "sluice_ingest_records_rejected_total", &[("reason", "too_large")], 10.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttle_slows_only_the_connection_over_its_rate() {
+    let pipeline = start_pipeline("throttle", 1, |config| {
+        config.listener("default", "rate_limit", toml::toml! { records_per_second = 20 });
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+
+    // 200 records at 20/s take about nine seconds to be read...
+    let flood: Vec<Vec<u8>> = (0..200).map(|n| format!("flood {n}").into_bytes()).collect();
+    let socket = config.socket();
+    let flooding = tokio::spawn(async move { send_lines(&socket, &flood).await });
+    eventually("the flood is throttled", || async {
+        (scrape(config.agent_admin()).await.count("sluice_ingest_records_throttled_total", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    // ...while a neighbour's records go straight through.
+    send_lines(&config.socket(), &[b"neighbour a".to_vec(), b"neighbour b".to_vec()]).await;
+    eventually("the neighbour's records", || async {
+        let rows = db.query("SELECT 1 FROM logs WHERE payload LIKE 'neighbour%'", &[]).await.ok()?;
+        (rows.len() == 2).then_some(())
+    })
+    .await;
+    let flooded = db.query_one("SELECT count(*) FROM logs WHERE payload LIKE 'flood%'", &[]).await.expect("count");
+    assert!(flooded.get::<_, i64>(0) < 200, "the flood is still being throttled when the neighbour is done");
+
+    within(WAIT, "the flood", flooding).await.expect("flood task");
+    wait_for_rows(db, 202, WAIT).await;
+    let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[("reason", "rate_limited")]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_counts_every_rate_limited_record_exactly() {
+    let pipeline = start_pipeline("ratedrop", 1, |config| {
+        let limit = toml::toml! { records_per_second = 1
+        burst = "5s"
+        action = "drop" };
+        config.listener("default", "rate_limit", limit);
+    })
+    .await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let lines: Vec<Vec<u8>> = (0..50).map(|n| format!("record {n}").into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+
+    let (accepted, dropped) = eventually("every record accounted for", || async {
+        let metrics = scrape(config.agent_admin()).await;
+        let accepted = metrics.count("sluice_ingest_records_total", &[]);
+        let dropped = metrics.count("sluice_ingest_records_rejected_total", &[("reason", "rate_limited")]);
+        (accepted + dropped == 50.0).then_some((accepted, dropped))
+    })
+    .await;
+    assert!((5.0..10.0).contains(&accepted), "the burst of 5 (plus what refilled meanwhile) got through: {accepted}");
+    assert_eq!(wait_for_rows(db, accepted as i64, WAIT).await, accepted as i64);
+    assert!(dropped > 40.0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(row_count(db).await, accepted as i64, "dropped records are not stored");
+}
