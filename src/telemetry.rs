@@ -122,7 +122,7 @@ pub const READY: &str = "sluice_ready";
 /// Why a record was refused at the socket. The label value is [`Rejected::as_str`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejected {
-    /// Longer than `ingest.max_record_size`.
+    /// Longer than the listener's `max_record_size`.
     TooLarge,
     /// Not valid UTF-8.
     InvalidUtf8,
