@@ -1,0 +1,163 @@
+//! What the fuzz targets share: feeding a decoder the way a socket does (in reads of varying
+//! size, then end of stream) and checking what every frame must be.
+//!
+//! Each target is a function here, so `cargo test` in this crate replays the committed seeds
+//! through exactly what the fuzzer runs (scripts/test does, without instrumentation).
+//!
+//! The first input byte chooses the read sizes, so the fuzzer explores records split across
+//! reads at every position, which is where framers go wrong.
+
+use bytes::BytesMut;
+use sluice::ingest::forward::{self, ForwardFramer, Limits};
+use sluice::ingest::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use sluice::ingest::syslog;
+use tokio_util::codec::Decoder;
+
+/// The record size limit the targets use: small, so the fuzzer reaches "too large" often.
+pub const MAX_RECORD: usize = 512;
+/// The JSON depth limit the targets use: small, for the same reason.
+pub const MAX_DEPTH: usize = 8;
+
+/// Feeds `data` to `decoder` in reads of 1..=`step` bytes (`step` from the first byte), then
+/// signals end of stream, calling `each` for every frame. Checks the framing invariants: no
+/// record above the limit, the read buffer never above one record plus one read, and after a
+/// `Broken` frame nothing more comes out.
+pub fn feed<D>(mut decoder: D, data: &[u8], mut each: impl FnMut(&Frame))
+where
+    D: Decoder<Item = Frame, Error = std::io::Error>,
+{
+    let Some((&first, data)) = data.split_first() else { return };
+    let step = usize::from(first % 64) + 1;
+    // A framer may hold at most the record it is cutting plus what one read added.
+    let bound = 2 * MAX_RECORD + 64 + step;
+    let mut buf = BytesMut::new();
+    let mut broken = false;
+    let mut check = |frame: Frame, held: usize| -> bool {
+        assert!(held <= bound, "read buffer grew to {held}");
+        match &frame {
+            Frame::Record(record) => {
+                assert!(record.len() <= MAX_RECORD, "record of {} bytes above the limit", record.len())
+            }
+            Frame::TooLarge { len } => assert!(*len > MAX_RECORD as u64, "too large at {len} bytes"),
+            Frame::Broken(_) => {}
+        }
+        each(&frame);
+        matches!(frame, Frame::Broken(_))
+    };
+    for chunk in data.chunks(step) {
+        buf.extend_from_slice(chunk);
+        while let Some(frame) = decoder.decode(&mut buf).expect("framers do not fail") {
+            assert!(!broken, "a frame after Broken: {frame:?}");
+            broken |= check(frame, buf.len());
+        }
+        assert!(buf.len() <= bound, "read buffer grew to {}", buf.len());
+    }
+    while !broken && let Some(frame) = decoder.decode_eof(&mut buf).expect("framers do not fail") {
+        broken |= check(frame, buf.len());
+    }
+}
+
+/// The content checks every record goes through; a record that passes is valid UTF-8.
+pub fn validate(bytes: &[u8]) -> Option<&str> {
+    sluice::ingest::record::validate(bytes, MAX_DEPTH).ok()
+}
+
+/// Asserts that `json` is one JSON object.
+pub fn assert_json_object(json: &[u8]) {
+    match serde_json::from_slice::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(_)) => {}
+        other => panic!("not a JSON object: {other:?} from {:?}", String::from_utf8_lossy(json)),
+    }
+}
+
+/// `lines`: LineFramer then the content checks. No record holds a newline.
+pub fn lines(data: &[u8]) {
+    feed(LineFramer::new(MAX_RECORD), data, |frame| {
+        if let Frame::Record(record) = frame {
+            assert!(!record.contains(&b'\n'), "a line holds a newline");
+            let _ = validate(record);
+        }
+    });
+}
+
+/// `octet_counted`: OctetFramer (RFC 6587) then the content checks.
+pub fn octet_counted(data: &[u8]) {
+    feed(OctetFramer::new(MAX_RECORD), data, |frame| {
+        if let Frame::Record(record) = frame {
+            let _ = validate(record);
+        }
+    });
+}
+
+fn syslog_message(bytes: &[u8]) {
+    if let Some(text) = validate(syslog::trim_trailer(bytes)) {
+        let mut json = Vec::new();
+        syslog::to_record(text, &mut json);
+        assert_json_object(&json);
+    }
+}
+
+/// `syslog`: the whole input as one datagram, and as a stream (octet-counted or newline per
+/// frame); trailer trimming, the content checks and the parser, whose output must be one JSON
+/// object.
+pub fn syslog(data: &[u8]) {
+    syslog_message(data.get(1..).unwrap_or_default());
+    feed(SyslogFramer::new(MAX_RECORD), data, |frame| {
+        if let Frame::Record(record) = frame {
+            syslog_message(record);
+        }
+    });
+}
+
+/// `forward`: the msgpack framer, then decoding each message in all four modes; every accepted
+/// event is one JSON object within the size and depth limits.
+pub fn forward(data: &[u8]) {
+    let limits = Limits { max_record_size: MAX_RECORD, max_json_depth: MAX_DEPTH };
+    feed(ForwardFramer::new(MAX_RECORD, MAX_DEPTH), data, |frame| {
+        if let Frame::Record(message) = frame
+            && let Ok(message) = forward::decode(message, limits)
+        {
+            for record in message.records.into_iter().flatten() {
+                assert!(record.len() <= MAX_RECORD, "an event of {} bytes above the limit", record.len());
+                assert_json_object(&record);
+                assert!(!sluice::ingest::record::json_depth_exceeds(&record, MAX_DEPTH), "too deep an event");
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    fn replay(target: &str, run: fn(&[u8])) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("the seeds directory") {
+            let path = entry.expect("a seed").path();
+            run(&std::fs::read(&path).expect("a readable seed"));
+            seen += 1;
+        }
+        assert!(seen > 0, "no seeds in {}", dir.display());
+    }
+
+    #[test]
+    fn every_lines_seed_passes_the_lines_target() {
+        replay("lines", super::lines);
+    }
+
+    #[test]
+    fn every_octet_counted_seed_passes_the_octet_counted_target() {
+        replay("octet_counted", super::octet_counted);
+    }
+
+    #[test]
+    fn every_syslog_seed_passes_the_syslog_target() {
+        replay("syslog", super::syslog);
+    }
+
+    #[test]
+    fn every_forward_seed_passes_the_forward_target() {
+        replay("forward", super::forward);
+    }
+}
