@@ -1,0 +1,162 @@
+//! Decode throughput per ingest protocol for 256-byte records: the CPU an agent spends between
+//! the socket's bytes and a checked record ready for its envelope (framing, the content checks,
+//! and the protocol's transformation: syslog fields, Forward's msgpack → JSON). Plus the
+//! envelope itself, which every protocol pays once per record after this.
+//!
+//! `cargo bench --bench decode` (figures: records/s on one core; `docs/PERFORMANCE.md`).
+
+use std::hint::black_box;
+
+use bytes::BytesMut;
+use chrono::Utc;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rmpv::Value;
+use sluice::envelope::{EnvelopeWriter, PodMetadata};
+use sluice::ingest::forward::{self, ForwardFramer, Limits};
+use sluice::ingest::framing::{Frame, LineFramer, OctetFramer};
+use sluice::ingest::{record, syslog};
+use tokio_util::codec::Decoder;
+
+const RECORDS: usize = 1000;
+const SIZE: usize = 256;
+const MAX_RECORD: usize = 1 << 20;
+const MAX_DEPTH: usize = 64;
+/// The socket reads up to this much at a time.
+const READ: usize = 64 * 1024;
+
+/// A JSON log record of exactly `SIZE` bytes, numbered `n`.
+fn json_record(n: usize) -> String {
+    let head = format!(r#"{{"ts":"2026-11-30T06:00:00.{n:06}Z","level":"info","logger":"checkout","n":{n},"msg":""#);
+    let pad = SIZE - head.len() - 2;
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+/// An RFC 5424 message of exactly `SIZE` bytes.
+fn syslog_message(n: usize) -> String {
+    let head =
+        format!("<165>1 2026-11-30T06:00:00.{n:06}Z web-1 checkout 4242 ID47 [origin ip=\"10.0.0.1\"] order {n} ");
+    format!("{head}{}", "x".repeat(SIZE - head.len()))
+}
+
+/// A Forward event record whose msgpack encoding is about `SIZE` bytes.
+fn forward_record(n: usize) -> Value {
+    Value::Map(vec![
+        ("level".into(), "info".into()),
+        ("logger".into(), "checkout".into()),
+        ("n".into(), Value::from(n as u64)),
+        ("msg".into(), "x".repeat(SIZE - 50).into()),
+    ])
+}
+
+fn msgpack(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, value).expect("writing to a Vec");
+    out
+}
+
+/// Feeds `wire` to `framer` in socket-sized reads and hands every record to `each`.
+fn frame_all<D: Decoder<Item = Frame, Error = std::io::Error>>(
+    mut framer: D,
+    wire: &[u8],
+    mut each: impl FnMut(&[u8]),
+) {
+    let mut buf = BytesMut::with_capacity(READ * 2);
+    for read in wire.chunks(READ) {
+        buf.extend_from_slice(read);
+        while let Some(frame) = framer.decode(&mut buf).expect("framing") {
+            if let Frame::Record(record) = frame {
+                each(&record);
+            }
+        }
+    }
+}
+
+fn decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode_256B");
+    group.throughput(Throughput::Elements(RECORDS as u64));
+
+    let lines: Vec<u8> = (0..RECORDS).flat_map(|n| format!("{}\n", json_record(n)).into_bytes()).collect();
+    group.bench_function("lines", |b| {
+        b.iter(|| {
+            frame_all(LineFramer::new(MAX_RECORD), &lines, |r| {
+                black_box(record::validate(r, MAX_DEPTH).ok());
+            })
+        })
+    });
+
+    let octets: Vec<u8> = (0..RECORDS).flat_map(|n| format!("{SIZE} {}", json_record(n)).into_bytes()).collect();
+    group.bench_function("octet_counted", |b| {
+        b.iter(|| {
+            frame_all(OctetFramer::new(MAX_RECORD), &octets, |r| {
+                black_box(record::validate(r, MAX_DEPTH).ok());
+            })
+        })
+    });
+
+    let datagrams: Vec<Vec<u8>> = (0..RECORDS).map(|n| json_record(n).into_bytes()).collect();
+    group.bench_function("datagram", |b| {
+        b.iter(|| {
+            for datagram in &datagrams {
+                black_box(record::validate(datagram, MAX_DEPTH).ok());
+            }
+        })
+    });
+
+    let messages: Vec<Vec<u8>> = (0..RECORDS).map(|n| syslog_message(n).into_bytes()).collect();
+    group.bench_function("syslog_rfc5424", |b| {
+        let mut json = Vec::new();
+        b.iter(|| {
+            for message in &messages {
+                if let Ok(text) = record::validate(syslog::trim_trailer(message), MAX_DEPTH) {
+                    syslog::to_record(text, &mut json);
+                    black_box(&json);
+                }
+            }
+        })
+    });
+
+    let limits = Limits { max_record_size: MAX_RECORD, max_json_depth: MAX_DEPTH };
+    let time = Value::from(1_764_482_400u64);
+    let message_mode: Vec<u8> = (0..RECORDS)
+        .flat_map(|n| msgpack(&Value::Array(vec!["app.web".into(), time.clone(), forward_record(n)])))
+        .collect();
+    let forward_decode = |wire: &[u8]| {
+        frame_all(ForwardFramer::new(MAX_RECORD, MAX_DEPTH), wire, |message| {
+            let message = forward::decode(message, limits).expect("a valid message");
+            for json in message.records.iter().flatten() {
+                black_box(record::validate(json, MAX_DEPTH).ok());
+            }
+        })
+    };
+    group.bench_function("forward_message_mode", |b| b.iter(|| forward_decode(&message_mode)));
+
+    let entries: Vec<Value> = (0..RECORDS).map(|n| Value::Array(vec![time.clone(), forward_record(n)])).collect();
+    let forward_mode = msgpack(&Value::Array(vec!["app.web".into(), Value::Array(entries.clone())]));
+    group.bench_function("forward_forward_mode", |b| b.iter(|| forward_decode(&forward_mode)));
+
+    let packed: Vec<u8> = entries.iter().flat_map(msgpack).collect();
+    let packed_forward = msgpack(&Value::Array(vec!["app.web".into(), Value::Binary(packed)]));
+    group.bench_function("forward_packed_forward", |b| b.iter(|| forward_decode(&packed_forward)));
+
+    group.bench_function("envelope", |b| {
+        let writer = EnvelopeWriter::new(&PodMetadata {
+            name: Some("web-1".into()),
+            namespace: Some("shop".into()),
+            container: Some("app".into()),
+            node: Some("n1".into()),
+        });
+        let peer = r#""peer":{"pid":42,"uid":1000,"gid":1000},"#;
+        let records: Vec<String> = (0..RECORDS).map(json_record).collect();
+        let mut out = Vec::new();
+        b.iter(|| {
+            let now = Utc::now();
+            for line in &records {
+                black_box(writer.write(line, peer, now, &mut out));
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode);
+criterion_main!(benches);
