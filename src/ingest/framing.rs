@@ -232,6 +232,8 @@ pub struct SyslogFramer {
     octets: OctetFramer,
     /// The framing of the frame being read, once its first byte has been seen.
     current: Option<SyslogFraming>,
+    /// A frame could not be cut: everything after is thrown away (as the other framers do).
+    broken: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -243,10 +245,14 @@ enum SyslogFraming {
 impl SyslogFramer {
     /// A framer for messages of up to `max_len` bytes.
     pub fn new(max_len: usize) -> Self {
-        Self { lines: LineFramer::new(max_len), octets: OctetFramer::new(max_len), current: None }
+        Self { lines: LineFramer::new(max_len), octets: OctetFramer::new(max_len), current: None, broken: false }
     }
 
     fn step(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Option<Frame>, std::io::Error> {
+        if self.broken {
+            buf.clear();
+            return Ok(None);
+        }
         let framing = match self.current {
             Some(framing) => framing,
             None => {
@@ -269,6 +275,7 @@ impl SyslogFramer {
         if frame.is_some() {
             self.current = None;
         }
+        self.broken = matches!(frame, Some(Frame::Broken(_)));
         Ok(frame)
     }
 }

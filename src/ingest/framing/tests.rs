@@ -158,3 +158,11 @@ fn syslog_stream_framing_survives_any_split() {
         assert_eq!(out, vec![line("<1>a\n"), line("<2>bb"), line("<3>ccc")], "split at {split}");
     }
 }
+
+/// Found by `scripts/fuzz syslog`: after a broken octet count, the bytes of the next read were
+/// framed as new lines. Every framer stays broken (the connection closes on the first `Broken`).
+#[test]
+fn syslog_stream_framing_stays_broken_after_a_bad_octet_count() {
+    let out = frames(&mut SyslogFramer::new(100), &[b"9>nop", b"e\n<13>just text\n", b"<14>more\n"]);
+    assert_eq!(out, vec![Frame::Broken(Rejected::Malformed)]);
+}
