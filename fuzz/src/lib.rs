@@ -70,14 +70,51 @@ pub fn assert_json_object(json: &[u8]) {
     }
 }
 
-/// `lines`: LineFramer then the content checks. No record holds a newline.
+/// `lines`: LineFramer then the content checks. No record holds a newline, and the fast JSON
+/// depth scan agrees with [`reference_depth_exceeds`].
 pub fn lines(data: &[u8]) {
     feed(LineFramer::new(MAX_RECORD), data, |frame| {
         if let Frame::Record(record) = frame {
             assert!(!record.contains(&b'\n'), "a line holds a newline");
+            for max in [0, 1, 2, MAX_DEPTH] {
+                assert_eq!(
+                    sluice::ingest::record::json_depth_exceeds(record, max),
+                    reference_depth_exceeds(record, max),
+                    "depth scan disagrees at max {max} on {:?}",
+                    String::from_utf8_lossy(record)
+                );
+            }
             let _ = validate(record);
         }
     });
+}
+
+/// The JSON depth rule written the obvious way, one byte at a time.
+pub fn reference_depth_exceeds(bytes: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in bytes {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// `octet_counted`: OctetFramer (RFC 6587) then the content checks.

@@ -32,22 +32,30 @@ pub fn validate(bytes: &[u8], max_json_depth: usize) -> Result<&str, Rejected> {
 
 /// True if brackets outside strings nest deeper than `max`. A byte scan: cheaper than parsing,
 /// and it stops at the first level too deep (so a megabyte of `[` costs nothing to refuse).
+/// Inside a string it jumps from quote or backslash to the next with memchr, which is where
+/// most of a log record's bytes are.
 pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in bytes {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                // Skip to the closing quote; a backslash escapes the byte after it.
+                let mut from = at + 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &bytes[from..]) {
+                        Some(offset) if bytes[from + offset] == b'\\' => from += offset + 2,
+                        Some(offset) => {
+                            at = from + offset;
+                            break;
+                        }
+                        None => return false,
+                    }
+                    if from >= bytes.len() {
+                        return false;
+                    }
+                }
             }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
             b'{' | b'[' => {
                 depth += 1;
                 if depth > max {
@@ -57,6 +65,7 @@ pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
             b'}' | b']' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        at += 1;
     }
     false
 }
@@ -88,6 +97,9 @@ mod tests {
     #[test]
     fn brackets_inside_strings_do_not_count() {
         assert_eq!(validate(br#"{"a":"[[[[[[\"{{{{"}"#, 1), Ok(r#"{"a":"[[[[[[\"{{{{"}"#));
+        assert_eq!(validate(br#"{"a\\":"\\","b":[[1]]}"#, 2), Err(Rejected::TooDeep));
+        assert_eq!(validate(br#"{"a\\":"\\","b":[1]}"#, 2), Ok(r#"{"a\\":"\\","b":[1]}"#));
+        assert!(!json_depth_exceeds(br#""ends in a backslash\"#, 0));
     }
 
     #[test]
