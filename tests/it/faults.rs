@@ -42,11 +42,12 @@ fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
 /// Agent and persister on a private broker that the test may stop.
 struct BrokerPipeline {
     broker: PrivateBroker,
-    config: TestConfig,
     agent: Process,
     _persister: Process,
     db: tokio_postgres::Client,
     tag: String,
+    /// Last: its directory holds the processes' logs, printed when a test fails.
+    config: TestConfig,
 }
 
 async fn broker_pipeline(configure: impl FnOnce(&mut TestConfig)) -> BrokerPipeline {

@@ -458,12 +458,14 @@ pub async fn send_lines(socket: &Path, lines: &[Vec<u8>]) {
 /// A whole pipeline for one test: its own topic, config, persister, agent and database client.
 pub struct Pipeline {
     pub topic: String,
-    pub config: TestConfig,
     pub persister: Process,
     /// Held so the agent runs as long as the pipeline does.
     #[allow(dead_code)]
     pub agent: Process,
     pub db: tokio_postgres::Client,
+    /// Last: fields drop in order, and its directory holds the processes' logs, which a failing
+    /// test prints.
+    pub config: TestConfig,
 }
 
 /// Creates a topic with `partitions` partitions, lets `configure` adjust the config, then starts

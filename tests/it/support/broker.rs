@@ -15,9 +15,11 @@ pub struct PrivateBroker {
     pub bootstrap: String,
     /// With [`PrivateBroker::start_sasl_ssl`]: the SASL_SSL listener and the CA that signed it.
     pub sasl_ssl: Option<(String, PathBuf)>,
-    dir: tempfile::TempDir,
     lib: PathBuf,
     process: Option<Process>,
+    /// Last: fields drop in order, and the broker's log must outlive its process (a failing
+    /// test prints it).
+    dir: tempfile::TempDir,
 }
 
 impl PrivateBroker {
