@@ -114,6 +114,81 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         size: usize,
     },
+    /// Benchmark parts driven by scripts/bench; each prints one JSON object.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// What `sluice bench` runs.
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Write records to a socket, one blocking write per record, timing every write call.
+    Load {
+        /// The socket.
+        #[arg(long)]
+        socket: PathBuf,
+        #[command(flatten)]
+        load: LoadArgs,
+    },
+    /// The ingest ceiling: the same writers into a reader that discards.
+    SocketCeiling {
+        /// Directory for the socket.
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        load: LoadArgs,
+    },
+    /// The shipping ceiling: a raw librdkafka producer with the agent's settings.
+    ProducerCeiling {
+        /// Agent config whose [kafka] and [ship] settings the producer uses.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Topic to send to.
+        #[arg(long)]
+        topic: String,
+        /// Records in total.
+        #[arg(long)]
+        records: u64,
+        /// Record size in bytes (the envelope around it is the agent's).
+        #[arg(long, default_value_t = 256)]
+        size: usize,
+    },
+    /// Messages in a topic (sum of high minus low watermarks).
+    TopicCount {
+        /// Bootstrap servers.
+        #[arg(long)]
+        brokers: String,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// Records in total.
+    #[arg(long)]
+    records: u64,
+    /// Concurrent connections (one thread each).
+    #[arg(long, default_value_t = 1)]
+    connections: u32,
+    /// Records per second over all connections; 0: as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Record size in bytes, newline included.
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+}
+
+impl LoadArgs {
+    fn options(&self) -> sluice::bench::LoadOptions {
+        sluice::bench::LoadOptions {
+            records: self.records,
+            connections: self.connections,
+            rate: self.rate,
+            size: self.size,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -162,6 +237,7 @@ fn main() -> ExitCode {
                     .with_context(|| format!("sending to {}", socket.display()))
             })
         })),
+        Command::Bench(command) => report(bench(command)),
         Command::Loadgen { socket, records, connections, rate, text_every, size } => {
             let spec = client::LoadSpec { socket, records, connections, rate, text_every, size };
             report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
@@ -230,6 +306,25 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn bench(command: BenchCommand) -> anyhow::Result<()> {
+    use sluice::bench;
+    let json = match command {
+        BenchCommand::Load { socket, load } => serde_json::to_string(&bench::load(&socket, &load.options())?)?,
+        BenchCommand::SocketCeiling { dir, load } => {
+            serde_json::to_string(&bench::socket_ceiling(&dir, &load.options())?)?
+        }
+        BenchCommand::ProducerCeiling { config, topic, records, size } => {
+            let config = Config::load(&config)?;
+            serde_json::to_string(&bench::producer_ceiling(&config, &topic, records, size)?)?
+        }
+        BenchCommand::TopicCount { brokers, topic } => {
+            serde_json::json!({ "messages": bench::topic_count(&brokers, &topic)? }).to_string()
+        }
+    };
+    println!("{json}");
+    Ok(())
 }
 
 async fn loadgen_main(spec: client::LoadSpec) -> anyhow::Result<()> {

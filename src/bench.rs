@@ -1,0 +1,382 @@
+//! The Rust half of the benchmark harness (`sluice bench …`, driven by `scripts/bench`): the
+//! load generator that times every write call, the two ceilings Sluice is compared with, and
+//! counting what reached Kafka.
+//!
+//! Owns: writing records the way an app does (one blocking `write` per record, from one thread
+//! per connection) while recording each call's latency; the ingest ceiling (the same writer
+//! into a reader that discards); the shipping ceiling (a raw librdkafka producer with the
+//! agent's settings sending the same envelopes); the count of messages in a topic. Must not:
+//! start or stop services, or judge results (the script verifies counts and writes reports).
+//!
+//! Latencies are kept as one `u32` of nanoseconds per record and sorted at the end (exact
+//! percentiles; 4 bytes a record is nothing next to the records themselves).
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use serde::Serialize;
+
+use crate::envelope::{EnvelopeWriter, PodMetadata};
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A socket could not be opened, written or read.
+    #[error("socket {path}: {source}")]
+    Socket {
+        /// The socket's path.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// Kafka refused or failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Not every record was acknowledged.
+    #[error("{failed} of {records} records were not acknowledged by Kafka")]
+    Undelivered {
+        /// Records sent.
+        records: u64,
+        /// Records whose delivery failed.
+        failed: u64,
+    },
+}
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Records in total.
+    pub records: u64,
+    /// Concurrent connections (one thread each).
+    pub connections: u32,
+    /// Records per second over all connections; 0: as fast as possible.
+    pub rate: u64,
+    /// Every record padded to this many bytes (newline included); 0: natural size.
+    pub size: usize,
+}
+
+/// Write-call latency percentiles, in microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Latency {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Slowest call.
+    pub max_us: f64,
+}
+
+impl Latency {
+    /// Percentiles of `nanos` (sorted in place).
+    pub fn of(nanos: &mut [u32]) -> Self {
+        if nanos.is_empty() {
+            return Self::default();
+        }
+        nanos.sort_unstable();
+        let at = |q: f64| {
+            let index = ((nanos.len() as f64 * q).ceil() as usize).clamp(1, nanos.len()) - 1;
+            f64::from(nanos[index]) / 1000.0
+        };
+        Self {
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            p999_us: at(0.999),
+            max_us: f64::from(nanos[nanos.len() - 1]) / 1000.0,
+        }
+    }
+}
+
+/// What a load run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResult {
+    /// Records written.
+    pub records: u64,
+    /// Bytes written (newlines included).
+    pub bytes: u64,
+    /// Wall time from the first write to the last connection's close.
+    pub seconds: f64,
+    /// Records per second.
+    pub records_per_second: f64,
+    /// MiB per second.
+    pub mib_per_second: f64,
+    /// How long each `write` call took: what the app feels.
+    pub write_latency: Latency,
+}
+
+/// The record a benchmark writes: a JSON log line of exactly `size` bytes with its newline
+/// (at least the bare record, ~60 bytes), numbered by connection and index.
+pub fn record(connection: u32, index: u64, size: usize) -> Vec<u8> {
+    let mut line = format!(r#"{{"level":"info","conn":{connection},"n":{index},"msg":""#).into_bytes();
+    let fill = size.saturating_sub(line.len() + 3);
+    line.resize(line.len() + fill, b'x');
+    line.extend_from_slice(b"\"}\n");
+    line
+}
+
+/// Writes the load to `socket`, one blocking `write` per record, timing each.
+pub fn load(socket: &Path, options: &LoadOptions) -> Result<LoadResult, BenchError> {
+    let error = |source| BenchError::Socket { path: socket.to_path_buf(), source };
+    let connections = options.connections.max(1);
+    let mut streams = Vec::new();
+    for _ in 0..connections {
+        streams.push(UnixStream::connect(socket).map_err(error)?);
+    }
+    let started = Instant::now();
+    let threads: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(connection, stream)| {
+            let connection = connection as u32;
+            let share = options.records / u64::from(connections)
+                + u64::from(u64::from(connection) < options.records % u64::from(connections));
+            let rate = options.rate as f64 / f64::from(connections);
+            let size = options.size;
+            std::thread::spawn(move || write_connection(stream, connection, share, rate, size))
+        })
+        .collect();
+    let mut bytes = 0;
+    let mut nanos = Vec::with_capacity(options.records as usize);
+    for thread in threads {
+        let (written, mut latencies) =
+            thread.join().map_err(|_| error(std::io::Error::other("writer panicked")))?.map_err(error)?;
+        bytes += written;
+        nanos.append(&mut latencies);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(LoadResult {
+        records: options.records,
+        bytes,
+        seconds,
+        records_per_second: options.records as f64 / seconds,
+        mib_per_second: bytes as f64 / seconds / (1024.0 * 1024.0),
+        write_latency: Latency::of(&mut nanos),
+    })
+}
+
+#[expect(clippy::disallowed_methods, reason = "a plain thread per connection, no async runtime: blocking is the point")]
+fn write_connection(
+    mut stream: UnixStream,
+    connection: u32,
+    records: u64,
+    rate: f64,
+    size: usize,
+) -> std::io::Result<(u64, Vec<u32>)> {
+    // Records are made before the clock starts for each call: the app's own formatting is not
+    // what is measured.
+    let mut latencies = Vec::with_capacity(records as usize);
+    let mut bytes = 0;
+    let started = Instant::now();
+    for index in 0..records {
+        if rate > 0.0 {
+            let due = started + Duration::from_secs_f64(index as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        let line = record(connection, index, size);
+        let call = Instant::now();
+        stream.write_all(&line)?;
+        latencies.push(u32::try_from(call.elapsed().as_nanos()).unwrap_or(u32::MAX));
+        bytes += line.len() as u64;
+    }
+    stream.shutdown(std::net::Shutdown::Write)?;
+    Ok((bytes, latencies))
+}
+
+/// The ingest ceiling: the same writers into a Unix socket whose reader threads only count
+/// newlines and discard. Returns the writers' view (throughput and write latency).
+pub fn socket_ceiling(dir: &Path, options: &LoadOptions) -> Result<LoadResult, BenchError> {
+    let path = dir.join("ceiling.sock");
+    let error = |source| BenchError::Socket { path: path.clone(), source };
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(error)?;
+    let lines = Arc::new(AtomicU64::new(0));
+    let connections = options.connections.max(1);
+    let reader = {
+        let lines = Arc::clone(&lines);
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut readers = Vec::new();
+            for _ in 0..connections {
+                let (mut stream, _) = listener.accept()?;
+                let lines = Arc::clone(&lines);
+                readers.push(std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(read) = stream.read(&mut buf) {
+                        if read == 0 {
+                            break;
+                        }
+                        lines.fetch_add(memchr::memchr_iter(b'\n', &buf[..read]).count() as u64, Ordering::Relaxed);
+                    }
+                }));
+            }
+            for reader in readers {
+                let _ = reader.join();
+            }
+            Ok(())
+        })
+    };
+    let result = load(&path, options);
+    let _ = reader.join();
+    let _ = std::fs::remove_file(&path);
+    let result = result?;
+    let read = lines.load(Ordering::Relaxed);
+    if read != result.records {
+        return Err(error(std::io::Error::other(format!("the reader saw {read} of {} records", result.records))));
+    }
+    Ok(result)
+}
+
+/// What the shipping ceiling did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProducerResult {
+    /// Records acknowledged by Kafka.
+    pub records: u64,
+    /// Bytes of message values acknowledged.
+    pub bytes: u64,
+    /// Wall time from the first send to the last acknowledgement.
+    pub seconds: f64,
+    /// Acknowledged records per second.
+    pub records_per_second: f64,
+    /// MiB of values per second.
+    pub mib_per_second: f64,
+}
+
+struct Acks {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+struct AckContext(Arc<Acks>);
+
+impl rdkafka::ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.0.ok.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.0.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// The shipping ceiling: a raw librdkafka producer with the agent's settings (acks=all,
+/// idempotence, compression, linger, batch size: `producer_config` for `config`) sending
+/// `records` envelopes like the agent's for records of `size` bytes to `topic`, as fast as
+/// librdkafka takes them, until every one is acknowledged.
+#[expect(clippy::disallowed_methods, reason = "runs on the main thread of `sluice bench`, no async runtime")]
+pub fn producer_ceiling(
+    config: &crate::config::Config,
+    topic: &str,
+    records: u64,
+    size: usize,
+) -> Result<ProducerResult, BenchError> {
+    let buffer = crate::buffer::Buffer::new(&config.buffer);
+    let client = crate::ship::producer_config(config, &buffer);
+    let acks = Arc::new(Acks { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let producer: ThreadedProducer<AckContext> = client.create_with_context(AckContext(Arc::clone(&acks)))?;
+    // Connected, topic known (auto-created if need be) before the clock starts, as the agent
+    // is when it reports ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metadata = producer.client().fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let ready = metadata.topics().iter().any(|t| {
+            t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
+        if ready || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let envelopes = EnvelopeWriter::new(&PodMetadata::default());
+    let mut envelope = Vec::new();
+    let mut bytes = 0u64;
+    let started = Instant::now();
+    for index in 0..records {
+        let line = record(0, index, size);
+        let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
+        envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
+        bytes += envelope.len() as u64;
+        let mut message = BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]);
+        loop {
+            match producer.send(message) {
+                Ok(()) => break,
+                Err((error, back))
+                    if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    message = back;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let failed = acks.failed.load(Ordering::Relaxed);
+    if failed > 0 || acks.ok.load(Ordering::Relaxed) != records {
+        return Err(BenchError::Undelivered { records, failed: records - acks.ok.load(Ordering::Relaxed) });
+    }
+    Ok(ProducerResult {
+        records,
+        bytes,
+        seconds,
+        records_per_second: records as f64 / seconds,
+        mib_per_second: bytes as f64 / seconds / (1024.0 * 1024.0),
+    })
+}
+
+/// Messages in `topic` (the sum over partitions of high minus low watermark).
+pub fn topic_count(brokers: &str, topic: &str) -> Result<u64, BenchError> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut total = 0;
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        total += u64::try_from(high - low).unwrap_or(0);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_exact_ranks_of_the_sorted_latencies() {
+        let mut nanos: Vec<u32> = (1..=1000).rev().map(|n| n * 1000).collect();
+        let latency = Latency::of(&mut nanos);
+        assert_eq!(latency, Latency { p50_us: 500.0, p99_us: 990.0, p999_us: 999.0, max_us: 1000.0 });
+        assert_eq!(Latency::of(&mut []), Latency::default());
+    }
+
+    #[test]
+    fn records_have_the_requested_size_with_their_newline() {
+        for size in [64, 256, 1024] {
+            let size = size.max(record(3, 17, 0).len());
+            let line = record(3, 17, size);
+            assert_eq!(line.len(), size);
+            assert_eq!(line.last(), Some(&b'\n'));
+            assert!(serde_json::from_slice::<serde_json::Value>(&line[..size - 1]).is_ok());
+        }
+    }
+
+    #[test]
+    fn the_socket_ceiling_reads_every_record_it_times() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = LoadOptions { records: 10_000, connections: 2, rate: 0, size: 256 };
+        let result = socket_ceiling(dir.path(), &options).expect("ceiling run");
+        assert_eq!((result.records, result.bytes), (10_000, 2_560_000));
+        assert!(result.write_latency.max_us >= result.write_latency.p50_us);
+    }
+}
