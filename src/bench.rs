@@ -336,6 +336,25 @@ pub fn producer_ceiling(
     })
 }
 
+/// Makes sure `topic` exists (auto-created by a metadata request, as a producer's first send
+/// would) and every partition has a leader, so a timed run does not include topic creation.
+#[expect(clippy::disallowed_methods, reason = "runs on the main thread of `sluice bench`, no async runtime")]
+pub fn ensure_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", brokers).set("allow.auto.create.topics", "true").create()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let ready = metadata.topics().iter().any(|t| {
+            t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
+        if ready || Instant::now() > deadline {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Messages in `topic` (the sum over partitions of high minus low watermark).
 pub fn topic_count(brokers: &str, topic: &str) -> Result<u64, BenchError> {
     let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;

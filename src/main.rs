@@ -153,6 +153,15 @@ enum BenchCommand {
         #[arg(long, default_value_t = 256)]
         size: usize,
     },
+    /// Creates a topic (by a metadata request, as auto-creation does) and waits for its leaders.
+    EnsureTopic {
+        /// Bootstrap servers.
+        #[arg(long)]
+        brokers: String,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+    },
     /// Messages in a topic (sum of high minus low watermarks).
     TopicCount {
         /// Bootstrap servers.
@@ -318,6 +327,10 @@ fn bench(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::ProducerCeiling { config, topic, records, size } => {
             let config = Config::load(&config)?;
             serde_json::to_string(&bench::producer_ceiling(&config, &topic, records, size)?)?
+        }
+        BenchCommand::EnsureTopic { brokers, topic } => {
+            bench::ensure_topic(&brokers, &topic)?;
+            serde_json::json!({ "topic": topic }).to_string()
         }
         BenchCommand::TopicCount { brokers, topic } => {
             serde_json::json!({ "messages": bench::topic_count(&brokers, &topic)? }).to_string()
