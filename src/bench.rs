@@ -75,6 +75,33 @@ pub struct Latency {
     pub max_us: f64,
 }
 
+/// One bucket of the write-latency distribution: calls that took at most `le_us` (and more than
+/// the previous bucket's bound).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Bucket {
+    /// Upper bound in microseconds.
+    pub le_us: f64,
+    /// Calls in this bucket.
+    pub count: u64,
+}
+
+/// The distribution of `sorted` nanoseconds in buckets doubling from 0.25 µs (empty buckets
+/// left out).
+pub fn histogram(sorted: &[u32]) -> Vec<Bucket> {
+    let mut buckets = Vec::new();
+    let mut bound = 250u64;
+    let mut from = 0;
+    while from < sorted.len() {
+        let upto = sorted.partition_point(|&n| u64::from(n) <= bound);
+        if upto > from {
+            buckets.push(Bucket { le_us: bound as f64 / 1000.0, count: (upto - from) as u64 });
+        }
+        from = upto;
+        bound *= 2;
+    }
+    buckets
+}
+
 impl Latency {
     /// Percentiles of `nanos` (sorted in place).
     pub fn of(nanos: &mut [u32]) -> Self {
@@ -110,6 +137,8 @@ pub struct LoadResult {
     pub mib_per_second: f64,
     /// How long each `write` call took: what the app feels.
     pub write_latency: Latency,
+    /// The whole distribution of write-call latency.
+    pub write_latency_histogram: Vec<Bucket>,
 }
 
 /// The record a benchmark writes: a JSON log line of exactly `size` bytes with its newline
@@ -159,6 +188,7 @@ pub fn load(socket: &Path, options: &LoadOptions) -> Result<LoadResult, BenchErr
         records_per_second: options.records as f64 / seconds,
         mib_per_second: bytes as f64 / seconds / (1024.0 * 1024.0),
         write_latency: Latency::of(&mut nanos),
+        write_latency_histogram: histogram(&nanos),
     })
 }
 
@@ -355,6 +385,54 @@ pub fn ensure_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
     }
 }
 
+/// What a topic holds, read to its end.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct TopicRecords {
+    /// Messages.
+    pub messages: u64,
+    /// Distinct record ids among the envelopes (rsyslog's raw lines count by content).
+    pub distinct: u64,
+}
+
+/// Reads `topic` from its beginning to its current end and counts messages and distinct record
+/// ids: after an outage the agent may have sent a record twice (at least once into Kafka; the
+/// persister stores one row per id).
+pub fn topic_records(brokers: &str, topic: &str) -> Result<TopicRecords, BenchError> {
+    use rdkafka::Message as _;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "sluice-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut remaining = 0u64;
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        if high > low {
+            assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Offset(low))?;
+            remaining += u64::try_from(high - low).unwrap_or(0);
+        }
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut messages = 0u64;
+    if remaining > 0 {
+        consumer.assign(&assignment)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while messages < remaining && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_secs(1)) else { continue };
+        let message = message?;
+        messages += 1;
+        let payload = message.payload().unwrap_or_default();
+        match crate::envelope::Envelope::parse(payload) {
+            Ok(envelope) => ids.insert(envelope.id.into_owned().into_bytes()),
+            Err(_) => ids.insert(payload.to_vec()),
+        };
+    }
+    Ok(TopicRecords { messages, distinct: ids.len() as u64 })
+}
+
 /// Messages in `topic` (the sum over partitions of high minus low watermark).
 pub fn topic_count(brokers: &str, topic: &str) -> Result<u64, BenchError> {
     let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
@@ -377,6 +455,17 @@ mod tests {
         let latency = Latency::of(&mut nanos);
         assert_eq!(latency, Latency { p50_us: 500.0, p99_us: 990.0, p999_us: 999.0, max_us: 1000.0 });
         assert_eq!(Latency::of(&mut []), Latency::default());
+    }
+
+    #[test]
+    fn the_histogram_counts_every_call_once_in_doubling_buckets() {
+        let sorted = [100, 250, 251, 900, 5_000_000];
+        let buckets = histogram(&sorted);
+        assert_eq!(buckets.iter().map(|b| b.count).sum::<u64>(), 5);
+        assert_eq!(buckets[0], Bucket { le_us: 0.25, count: 2 });
+        assert_eq!(buckets[1], Bucket { le_us: 0.5, count: 1 });
+        assert_eq!(buckets[2], Bucket { le_us: 1.0, count: 1 });
+        assert!(buckets[3].le_us >= 5000.0);
     }
 
     #[test]

@@ -162,6 +162,15 @@ enum BenchCommand {
         #[arg(long)]
         topic: String,
     },
+    /// Reads a topic to its end: messages and distinct record ids.
+    TopicRecords {
+        /// Bootstrap servers.
+        #[arg(long)]
+        brokers: String,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+    },
     /// Messages in a topic (sum of high minus low watermarks).
     TopicCount {
         /// Bootstrap servers.
@@ -331,6 +340,9 @@ fn bench(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::EnsureTopic { brokers, topic } => {
             bench::ensure_topic(&brokers, &topic)?;
             serde_json::json!({ "topic": topic }).to_string()
+        }
+        BenchCommand::TopicRecords { brokers, topic } => {
+            serde_json::to_string(&bench::topic_records(&brokers, &topic)?)?
         }
         BenchCommand::TopicCount { brokers, topic } => {
             serde_json::json!({ "messages": bench::topic_count(&brokers, &topic)? }).to_string()
