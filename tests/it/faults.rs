@@ -39,6 +39,36 @@ fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
     assert!(unexpected.is_empty(), "unexpected records {unexpected:?}");
 }
 
+/// The non-zero `sluice_*` series of a scrape, for a failure message.
+fn nonzero(metrics: &Metrics) -> String {
+    metrics.0.lines().filter(|l| l.starts_with("sluice_") && !l.ends_with(" 0")).collect::<Vec<_>>().join("\n")
+}
+
+impl BrokerPipeline {
+    /// Waits until `logs` holds `n` rows. If it does not within 235 s, fails saying which
+    /// numbers are missing and what the agent and the persister counted (their logs print too).
+    async fn wait_for_rows_or_explain(&self, n: u64) {
+        let waited =
+            tokio::time::timeout(Duration::from_secs(235), wait_for_rows(&self.db, n as i64, Duration::from_secs(240)))
+                .await;
+        if waited.is_ok() {
+            return;
+        }
+        let stored: BTreeSet<u64> = stored_numbers(&self.db, &self.tag).await.into_iter().collect();
+        let top = stored.iter().next_back().copied().unwrap_or(0);
+        let missing: Vec<u64> = (0..=top).filter(|k| !stored.contains(k)).take(20).collect();
+        let agent = scrape(self.config.agent_admin()).await;
+        let persister = scrape(self.config.persist_admin()).await;
+        panic!(
+            "{} of {n} rows; highest number {top}; missing below it (first 20): {missing:?}\n\
+             agent metrics:\n{}\npersister metrics:\n{}",
+            stored.len(),
+            nonzero(&agent),
+            nonzero(&persister)
+        );
+    }
+}
+
 /// Agent and persister on a private broker that the test may stop.
 struct BrokerPipeline {
     broker: PrivateBroker,
@@ -95,20 +125,7 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     tokio::time::sleep(Duration::from_secs(3)).await;
     let sent = load.stop().await;
 
-    if tokio::time::timeout(Duration::from_secs(120), wait_for_rows(&p.db, sent as i64, Duration::from_secs(120)))
-        .await
-        .is_err()
-        || row_count(&p.db).await < sent as i64
-    {
-        let metrics = scrape(p.config.agent_admin()).await;
-        let log = p.agent.log_text();
-        panic!(
-            "rows {} of {sent}\nmetrics:\n{}\nlog tail:\n{}",
-            row_count(&p.db).await,
-            metrics.0.lines().filter(|l| l.starts_with("sluice_")).collect::<Vec<_>>().join("\n"),
-            log.lines().rev().take(40).collect::<Vec<_>>().join("\n")
-        );
-    }
+    p.wait_for_rows_or_explain(sent).await;
     let numbers = wait_for_numbers(&p.db, &p.tag, sent).await;
     assert_each_once(&numbers, 0..sent);
     assert!(during.count("sluice_spool_records", &[]) > 1000.0, "the spool held the outage's records");
@@ -154,6 +171,7 @@ async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_dro
     .await;
     assert!(dropped > 0.0, "a 1 MiB buffer cannot hold a {}s outage", outage().as_secs());
     let rows = (ingested - dropped) as u64;
+    p.wait_for_rows_or_explain(rows).await;
     let numbers = wait_for_numbers(&p.db, &p.tag, rows).await;
     assert_eq!(numbers.len() as u64, rows, "sent {sent} = rows {} + dropped {dropped}", numbers.len());
     let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
