@@ -25,7 +25,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::admin::{AdminError, AdminServer, ConfigView, ReadinessCheck};
 use crate::buffer::spool::{Spool, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
-use crate::config::reload::{self, Reloading, Watcher};
+use crate::config::reload::{self, Reloading};
 use crate::config::{BufferKind, Config, KeySource, ShipConfig};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
 use crate::ingest::{self, IngestContext, IngestError, KeyRule};
@@ -216,20 +216,9 @@ fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::B
 
 /// Applies new configs as they come (SIGHUP or a changed file) until `stop`.
 async fn reload_agent(live: Live, running: Arc<RwLock<Config>>, stop: CancellationToken) {
-    let mut watcher = match Watcher::new(live.reloading.path.clone()) {
-        Ok(watcher) => watcher,
-        Err(error) => return warn!(%error, "config reload disabled"),
-    };
-    loop {
-        let event = tokio::select! {
-            _ = stop.cancelled() => break,
-            event = watcher.next() => event,
-        };
-        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let Some(plan) = reload::judge(reload::Role::Agent, &current, event) else { continue };
-        live.apply(&current, &plan.effective);
-        reload::applied(&current, plan, &running);
-    }
+    let path = live.reloading.path.clone();
+    reload::follow(path, reload::Role::Agent, &running, stop, |current, effective| live.apply(current, effective))
+        .await;
 }
 
 /// Records not yet acknowledged by Kafka: in memory, or (disk type) in the spool.

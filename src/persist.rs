@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::admin::{AdminError, AdminServer, ReadinessCheck};
 use crate::config::Config;
-use crate::config::reload::{self, Reloading, Watcher};
+use crate::config::reload::{self, Reloading};
 use crate::telemetry;
 
 pub mod row;
@@ -562,25 +562,16 @@ fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i3
 
 /// Applies new configs (log level, batch limits) as they come until `stop`.
 async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<Config>>, stop: CancellationToken) {
-    let mut watcher = match Watcher::new(reloading.path.clone()) {
-        Ok(watcher) => watcher,
-        Err(error) => return warn!(%error, "config reload disabled"),
-    };
-    loop {
-        let event = tokio::select! {
-            _ = stop.cancelled() => break,
-            event = watcher.next() => event,
-        };
-        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let Some(plan) = reload::judge(reload::Role::Persist, &current, event) else { continue };
-        if current.log.level != plan.effective.log.level
+    let path = reloading.path.clone();
+    reload::follow(path, reload::Role::Persist, &running, stop, |current, effective| {
+        if current.log.level != effective.log.level
             && let Some(log) = &reloading.log
-            && let Err(error) = log.set_level(&plan.effective.log.level)
+            && let Err(error) = log.set_level(&effective.log.level)
         {
             warn!(%error, "log level not changed");
         }
-        reload::applied(&current, plan, &running);
-    }
+    })
+    .await;
 }
 
 /// How often the consumer lag is measured.

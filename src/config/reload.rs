@@ -152,7 +152,7 @@ pub fn count(result: &'static str) {
 
 /// Decides what to do with a watcher event: `None` when there is nothing to apply (rejected or
 /// unchanged, already logged and counted), otherwise the plan.
-pub fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
+fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
     let new = match event {
         Event::Valid(new) => new,
         Event::Invalid(error) => {
@@ -174,12 +174,38 @@ pub fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
 }
 
 /// Records an applied plan: the running config, its fingerprint, the log line and the count.
-pub fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
+fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
     let (before, after) = (fingerprint(previous), fingerprint(&plan.effective));
     publish(Some(&before), &after);
     tracing::info!(keys = ?plan.live, hash = %after, "config reloaded");
     *running.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.effective;
     count("applied");
+}
+
+/// Follows the config file at `path` until `stop`: each new config is judged for `role` against
+/// `running`; an accepted plan is handed to `apply(current, effective)` for the keys the role
+/// applies itself, then recorded as the running config. The one reload loop of both roles.
+pub async fn follow(
+    path: PathBuf,
+    role: Role,
+    running: &std::sync::RwLock<Config>,
+    stop: tokio_util::sync::CancellationToken,
+    mut apply: impl FnMut(&Config, &Config),
+) {
+    let mut watcher = match Watcher::new(path) {
+        Ok(watcher) => watcher,
+        Err(error) => return warn!(%error, "config reload disabled"),
+    };
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => break,
+            event = watcher.next() => event,
+        };
+        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let Some(plan) = judge(role, &current, event) else { continue };
+        apply(&current, &plan.effective);
+        applied(&current, plan, running);
+    }
 }
 
 /// What the watcher saw.
