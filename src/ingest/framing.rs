@@ -16,7 +16,7 @@ use bytes::{Buf, BytesMut};
 use tokio_util::codec::Decoder;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// One unit read from a connection.
 #[derive(Debug, PartialEq, Eq)]

@@ -464,15 +464,7 @@ async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_rec
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("full", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
-    let metrics = eventually("all records accounted", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
-            && metrics.count("sluice_spool_records", &[])
-                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
-                == 20_000.0)
-            .then_some(metrics)
-    })
-    .await;
+    let metrics = every_record_spooled_or_dropped(admin, 20_000.0).await;
     // About 330 bytes a frame: a 1 MiB spool holds some 3,000 of them, minus what a partly filled
     // last segment wastes. Regression: a batch that did not fit whole was dropped whole.
     let spooled = metrics.count("sluice_spool_records", &[]);
@@ -495,6 +487,20 @@ async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segme
     .await;
     assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
     assert_eq!(metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]), 0.0);
+}
+
+/// Waits until the agent has read `n` records and each is either in the spool or dropped by
+/// `drop_newest`; the scrape that showed it.
+async fn every_record_spooled_or_dropped(admin: std::net::SocketAddr, n: f64) -> Metrics {
+    eventually("all records accounted", || async {
+        let metrics = scrape(admin).await;
+        (metrics.count("sluice_ingest_records_total", &[]) == n
+            && metrics.count("sluice_spool_records", &[])
+                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
+                == n)
+            .then_some(metrics)
+    })
+    .await
 }
 
 /// A tiny tmpfs, unmounted when dropped.
@@ -540,15 +546,7 @@ async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_th
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("enospc", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
-    let metrics = eventually("all records accounted", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
-            && metrics.count("sluice_spool_records", &[])
-                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
-                == 20_000.0)
-            .then_some(metrics)
-    })
-    .await;
+    let metrics = every_record_spooled_or_dropped(admin, 20_000.0).await;
     assert!(metrics.count("sluice_spool_errors_total", &[("op", "write")]) >= 1.0, "{}", metrics.0);
     assert!(metrics.count("sluice_spool_records", &[]) > 1000.0);
     assert!(agent.running(), "a full disk must not stop the agent");

@@ -4,6 +4,7 @@ use rmpv::Value;
 use serde_json::json;
 
 use super::*;
+use crate::ingest::framing::tests::frames;
 
 fn pack(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
@@ -32,21 +33,6 @@ fn records(message: &Message) -> Vec<serde_json::Value> {
             Err(reason) => json!({"refused": reason.as_str()}),
         })
         .collect()
-}
-
-fn frames(framer: &mut ForwardFramer, input: &[&[u8]]) -> Vec<Frame> {
-    let mut buf = BytesMut::new();
-    let mut out = Vec::new();
-    for chunk in input {
-        buf.extend_from_slice(chunk);
-        while let Some(frame) = framer.decode(&mut buf).expect("decode never fails") {
-            out.push(frame);
-        }
-    }
-    while let Some(frame) = framer.decode_eof(&mut buf).expect("decode never fails") {
-        out.push(frame);
-    }
-    out
 }
 
 fn message_mode() -> Value {

@@ -1,7 +1,9 @@
 use super::*;
 use crate::telemetry::Rejected;
 
-fn frames(framer: &mut impl Decoder<Item = Frame, Error = std::io::Error>, input: &[&[u8]]) -> Vec<Frame> {
+/// Every frame `framer` cuts from `input`, read in those pieces, then end of stream. Shared by
+/// the tests of every framer (`super::super::forward` too).
+pub(crate) fn frames(framer: &mut impl Decoder<Item = Frame, Error = std::io::Error>, input: &[&[u8]]) -> Vec<Frame> {
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     for chunk in input {
