@@ -164,13 +164,32 @@ impl Rejected {
     }
 }
 
+/// How often histogram samples are folded into their buckets. The exporter keeps every sample
+/// recorded since the last fold (~16 bytes each, in blocks of 64) until a scrape or an upkeep:
+/// without either, the agent grew by that much per delivered record (6M records at 340k/s: RSS
+/// 13 → 165 MiB on a 64 MiB budget, still climbing). With a fold every 250 ms it stayed at
+/// 41–64 MiB for the same run.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Folds histogram samples into buckets every `UPKEEP_INTERVAL`, for as long as the runtime runs.
+/// Spawn it once, next to `install_recorder`; it holds no records, so it needs no shutdown step.
+pub async fn keep_histograms_bounded(handle: PrometheusHandle) {
+    let mut ticker = tokio::time::interval(UPKEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        handle.run_upkeep();
+    }
+}
+
 /// The recorder could not be installed.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot install the metrics recorder: {0}")]
 pub struct RecorderError(String);
 
 /// Installs the process-wide Prometheus recorder and describes every metric. Call once, from
-/// `main`; the returned handle renders the text the admin server serves.
+/// `main`, then spawn `keep_histograms_bounded`; the returned handle renders the text the admin
+/// server serves.
 pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, RecorderError> {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(
