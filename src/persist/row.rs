@@ -5,8 +5,13 @@
 //! `README.md`). Must not: touch the database, or fail the batch for one bad message (a bad
 //! message becomes a [`DeadLetter`]).
 
+use std::borrow::Cow;
+use std::fmt;
+
 use chrono::{DateTime, Datelike, TimeZone, Utc};
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::envelope::{Envelope, Format};
 
@@ -41,10 +46,17 @@ pub struct Row {
     pub peer_pid: Option<i32>,
     pub peer_uid: Option<i64>,
     pub peer_gid: Option<i64>,
-    pub record: Value,
+    pub record: JsonText,
     pub payload: String,
     pub origin: Origin,
 }
+
+/// A record's JSON text as the agent embedded it, stored into a `jsonb` column as it is:
+/// PostgreSQL parses it once, and the persister does not build a tree only to print it again
+/// (numbers keep every digit, too). The agent checked its syntax; PostgreSQL's own refusals go
+/// through the batch's rejected-row isolation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonText(pub String);
 
 /// A message kept in `dead_letters` instead of `logs`.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,13 +102,10 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         Ok(payload) => payload,
         Err(error) => return dead(origin, error.reason(), error.to_string(), Some(bytes)),
     };
-    let record: Value = match serde_json::from_str(envelope.record.get()) {
-        Ok(record) => record,
-        Err(error) => return dead(origin, "malformed_envelope", error.to_string(), Some(bytes)),
-    };
+    let record = envelope.record.get();
     // PostgreSQL's text and jsonb cannot hold U+0000; such a record is kept as bytes instead.
     // The substring test is a cheap filter; the walk decides.
-    if payload.contains('\0') || (envelope.record.get().contains("u0000") && contains_nul(&record)) {
+    if payload.contains('\0') || (record.contains("u0000") && contains_nul(record)) {
         return dead(
             origin,
             "nul_character",
@@ -105,11 +114,17 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         );
     }
     let (event_time, level, message) = match envelope.format {
-        Format::Json => (
-            first(&record, TIME_FIELDS).and_then(event_time),
-            first(&record, LEVEL_FIELDS).and_then(level),
-            first(&record, MESSAGE_FIELDS).and_then(|v| v.as_str().map(str::to_owned)),
-        ),
+        Format::Json => {
+            let fields = match serde_json::from_str::<DerivedFields<'_>>(record) {
+                Ok(fields) => fields,
+                Err(error) => return dead(origin, "malformed_envelope", error.to_string(), Some(bytes)),
+            };
+            (
+                fields.first(TIME_FIELDS).and_then(|value| event_time(&value)),
+                fields.first(LEVEL_FIELDS).and_then(|value| level(&value)),
+                fields.first(MESSAGE_FIELDS).and_then(|value| value.as_str().map(str::to_owned)),
+            )
+        }
         Format::Text => (None, None, Some(payload.to_string())),
     };
     let peer = envelope.peer.unwrap_or_default();
@@ -130,7 +145,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         peer_pid: peer.pid,
         peer_uid: peer.uid.map(i64::from),
         peer_gid: peer.gid.map(i64::from),
-        record,
+        record: JsonText(record.to_owned()),
         payload: payload.into_owned(),
         origin,
     }))
@@ -140,18 +155,102 @@ fn dead(origin: Origin, reason: &'static str, error: String, payload: Option<&[u
     Parsed::Dead(DeadLetter { origin, reason, error, payload: payload.map(<[u8]>::to_vec) })
 }
 
-fn contains_nul(value: &Value) -> bool {
-    match value {
-        Value::String(text) => text.contains('\0'),
-        Value::Array(items) => items.iter().any(contains_nul),
-        Value::Object(map) => map.iter().any(|(key, value)| key.contains('\0') || contains_nul(value)),
-        _ => false,
+fn contains_nul(record: &str) -> bool {
+    fn walk(value: &Value) -> bool {
+        match value {
+            Value::String(text) => text.contains('\0'),
+            Value::Array(items) => items.iter().any(walk),
+            Value::Object(map) => map.iter().any(|(key, value)| key.contains('\0') || walk(value)),
+            _ => false,
+        }
+    }
+    // A record serde_json cannot read as a tree is left to PostgreSQL to judge.
+    serde_json::from_str::<Value>(record).is_ok_and(|value| walk(&value))
+}
+
+/// Every name a derived column is read from.
+const DERIVED_FIELD_NAMES: &[&[&str]] = &[TIME_FIELDS, LEVEL_FIELDS, MESSAGE_FIELDS];
+
+/// The top-level fields of a record that derived columns come from, as raw JSON, found in one
+/// pass that builds nothing for the other fields. A name given twice keeps its last value, as
+/// `jsonb` does. A record that is not an object has none.
+struct DerivedFields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl DerivedFields<'_> {
+    /// The value of the first of `names` present, in order of preference.
+    fn first(&self, names: &[&str]) -> Option<Value> {
+        names.iter().find_map(|name| {
+            let (_, raw) = self.0.iter().rev().find(|(key, _)| key == name)?;
+            serde_json::from_str(raw.get()).ok()
+        })
     }
 }
 
-fn first<'v>(record: &'v Value, names: &[&str]) -> Option<&'v Value> {
-    let object = record.as_object()?;
-    names.iter().find_map(|name| object.get(*name))
+impl<'de> Deserialize<'de> for DerivedFields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// A key, borrowed unless it has escapes.
+        struct Key<'a>(Cow<'a, str>);
+        impl<'de> Deserialize<'de> for Key<'de> {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct KeyVisitor;
+                impl<'de> Visitor<'de> for KeyVisitor {
+                    type Value = Key<'de>;
+                    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        formatter.write_str("an object key")
+                    }
+                    fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+                        Ok(Key(Cow::Borrowed(key)))
+                    }
+                    fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
+                        Ok(Key(Cow::Owned(key.to_owned())))
+                    }
+                }
+                deserializer.deserialize_str(KeyVisitor)
+            }
+        }
+
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = DerivedFields<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut found = Vec::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    if DERIVED_FIELD_NAMES.iter().any(|names| names.contains(&key.as_ref())) {
+                        found.push((key, map.next_value::<&'de RawValue>()?));
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(DerivedFields(found))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(DerivedFields(Vec::new()))
+            }
+        }
+        deserializer.deserialize_any(FieldsVisitor)
+    }
 }
 
 /// RFC 3339 strings, or numbers of seconds, milliseconds, microseconds or nanoseconds since the

