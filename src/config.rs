@@ -597,6 +597,11 @@ pub struct PersistConfig {
     /// ...or when its first record has waited this long. Default `500ms`.
     #[serde(with = "humantime_serde")]
     pub batch_max_wait: Duration,
+    /// PostgreSQL connections writing batches at the same time, each for a fixed share of the
+    /// partitions (partition number modulo `writers`), so a partition's offsets are stored in
+    /// order. Reading and parsing go on while they write. Memory: up to three batches per
+    /// writer (one being filled, one waiting, one being written). Default `2`.
+    pub writers: usize,
     /// Day partitions older than this many days are dropped; `0` keeps everything. Default `14`.
     pub retention_days: u32,
     /// Day partitions are created this many days ahead. Default `3`.
@@ -613,6 +618,7 @@ impl Default for PersistConfig {
             group_id: "sluice-persist".into(),
             batch_max_records: 5000,
             batch_max_wait: Duration::from_millis(500),
+            writers: 2,
             retention_days: 14,
             partitions_ahead_days: 3,
             properties: BTreeMap::new(),
@@ -943,6 +949,9 @@ impl Config {
         }
         if self.persist.batch_max_wait.is_zero() {
             return Err(invalid("persist.batch_max_wait", "must be greater than zero".into()));
+        }
+        if self.persist.writers == 0 || self.persist.writers > 32 {
+            return Err(invalid("persist.writers", "must be between 1 and 32".into()));
         }
         if self.persist.partitions_ahead_days > 366 {
             return Err(invalid("persist.partitions_ahead_days", "must be at most 366".into()));

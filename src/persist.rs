@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use metrics_exporter_prometheus::PrometheusHandle;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -264,9 +265,13 @@ pub async fn run(
     }
 
     let result = async {
-        let Some(mut writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
-            return Ok(());
-        };
+        let mut writers = Vec::with_capacity(config.persist.writers);
+        for _ in 0..config.persist.writers {
+            let Some(writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
+                return Ok(());
+            };
+            writers.push(writer);
+        }
         let lag = Arc::new(LagClock::default());
         let context =
             PersistContext { assigned: assigned.clone(), errors: telemetry::librdkafka::ErrorTotals::default() };
@@ -278,7 +283,7 @@ pub async fn run(
         let lag_task = tokio::spawn(report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
         let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
         let run = Run { config: &config, running: &running, consumer: &consumer, database_ok: &database_ok, lag: &lag };
-        consume(&run, &mut writer, &shutdown).await;
+        consume(&run, writers, &shutdown).await;
         draining.store(true, Ordering::Relaxed);
         // The lag task holds the consumer too: stop it first so the consumer closes below.
         lag_stop.cancel();
@@ -393,23 +398,58 @@ struct Run<'a> {
     lag: &'a LagClock,
 }
 
-async fn consume(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken) {
-    let Run { config, consumer, running, .. } = *run;
+/// Reads and batches while the writers write: one lane per writer, a partition always in the same
+/// lane (so its batches commit, and its offsets are stored, in order), at most one batch waiting
+/// per lane. On shutdown the batches in hand are handed over and written until the drain deadline;
+/// what is not committed by then is re-read by the partition's next owner.
+async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationToken) {
+    let drain_deadline = CancellationToken::new();
+    let mut senders = Vec::with_capacity(writers.len());
+    let mut lanes = Vec::with_capacity(writers.len());
+    for writer in writers {
+        let (sender, batches) = tokio::sync::mpsc::channel(1);
+        senders.push(sender);
+        lanes.push(write_lane(run, writer, batches, &drain_deadline));
+    }
+    let work = futures_util::future::join(read_batches(run, senders, shutdown, &drain_deadline), join_all(lanes));
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(run.config.persist.drain_timeout).await;
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = deadline => {
+            drain_deadline.cancel();
+            warn!("drain deadline passed before every batch in hand was written; the rest will be re-read");
+        }
+    }
+}
+
+/// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full or
+/// its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
+/// the consumer is not polled meanwhile.
+async fn read_batches(
+    run: &Run<'_>,
+    lanes: Vec<tokio::sync::mpsc::Sender<Batch>>,
+    shutdown: &CancellationToken,
+    drain_deadline: &CancellationToken,
+) {
+    let Run { consumer, running, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
-    let mut batch = Batch::default();
-    loop {
+    let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
+    'reading: loop {
         let (max_records, max_wait) = {
             let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             (running.persist.batch_max_records, running.persist.batch_max_wait)
         };
-        let flush_at = batch.started.map(|started| started + max_wait);
+        let flush_at = batches.iter().filter_map(|batch| batch.started).min().map(|started| started + max_wait);
         let received = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             _ = sleep_until_opt(flush_at) => None,
             message = consumer.recv() => Some(message),
         };
-        match received {
+        let ready: Vec<usize> = match received {
             Some(Ok(message)) => {
                 consumed.increment(1);
                 let origin = Origin {
@@ -417,31 +457,61 @@ async fn consume(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToke
                     partition: message.partition(),
                     offset: message.offset(),
                 };
-                batch.add(row::parse(message.payload(), origin.clone()), &origin);
-                if batch.len() < max_records {
+                let lane = lane_of(origin.partition, lanes.len());
+                batches[lane].add(row::parse(message.payload(), origin.clone()), &origin);
+                if batches[lane].len() < max_records {
                     continue;
                 }
+                vec![lane]
             }
             Some(Err(error)) => {
                 warn!(%error, "kafka consume error");
                 continue;
             }
-            None => {}
-        }
-        if batch.len() > 0 {
-            let full = std::mem::take(&mut batch);
-            if !write_batch(run, writer, shutdown, full).await {
-                break;
+            None => {
+                let now = Instant::now();
+                (0..lanes.len()).filter(|lane| batches[*lane].started.is_some_and(|at| at + max_wait <= now)).collect()
+            }
+        };
+        for lane in ready {
+            let batch = std::mem::take(&mut batches[lane]);
+            tokio::select! {
+                biased;
+                sent = lanes[lane].send(batch) => {
+                    if sent.is_err() {
+                        break 'reading; // the writer stopped: shutting down
+                    }
+                }
+                _ = shutdown.cancelled() => break 'reading,
             }
         }
     }
-    if batch.len() > 0 {
-        // Shutting down with records in hand: write them so their offsets can be committed.
-        let deadline = tokio::time::sleep(config.persist.drain_timeout);
-        let never = CancellationToken::new();
+    // Shutting down with records in hand: hand them over so their offsets can be committed.
+    // (A batch whose hand-over shutdown interrupted is dropped unstored: it is re-read.)
+    for (lane, batch) in batches.into_iter().enumerate().filter(|(_, batch)| batch.len() > 0) {
         tokio::select! {
-            _ = write_batch(run, writer, &never, batch) => {}
-            _ = deadline => warn!("drain deadline passed before the last batch was written; it will be re-read"),
+            _ = lanes[lane].send(batch) => {}
+            _ = drain_deadline.cancelled() => break,
+        }
+    }
+}
+
+/// Which lane (writer) a partition's records go through.
+fn lane_of(partition: i32, lanes: usize) -> usize {
+    partition.rem_euclid(lanes as i32) as usize
+}
+
+/// One writer: writes the batches handed to it, in order, until its lane is closed (shutdown) or
+/// the drain deadline interrupts a batch's retries.
+async fn write_lane(
+    run: &Run<'_>,
+    mut writer: Writer,
+    mut batches: tokio::sync::mpsc::Receiver<Batch>,
+    drain_deadline: &CancellationToken,
+) {
+    while let Some(batch) = batches.recv().await {
+        if !write_batch(run, &mut writer, drain_deadline, batch).await {
+            break;
         }
     }
 }
@@ -453,9 +523,9 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Writes a batch, retrying until it commits; then stores its offsets. Returns false if
-/// shutdown interrupted the retries (the batch's offsets are not stored: it will be re-read).
-async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &CancellationToken, mut batch: Batch) -> bool {
+/// Writes a batch, retrying until it commits; then stores its offsets. Returns false if `stop`
+/// interrupted the retries (the batch's offsets are not stored: it will be re-read).
+async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToken, mut batch: Batch) -> bool {
     let Run { config, consumer, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -490,7 +560,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &Cancellation
                 writer.forget_partitions();
                 if !writer.is_usable() {
                     database_ok.store(false, Ordering::Relaxed);
-                    match connect_writer(config, database_ok, shutdown).await {
+                    match connect_writer(config, database_ok, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
                         Err(error) => {
@@ -501,7 +571,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, shutdown: &Cancellation
             }
         }
         tokio::select! {
-            _ = shutdown.cancelled() => return false,
+            _ = stop.cancelled() => return false,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
