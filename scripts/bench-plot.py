@@ -1,7 +1,9 @@
-"""Plots of one scripts/bench run: reads results.json and outage_timeseries.csv from the run's
-folder and writes outage_throughput.png (records/s ingested and delivered over time, the outage
-shaded), outage_rss.png (agent RSS and spooled records over time) and write_latency.png (the
-distribution of write-call latency per scenario, against the ingest ceiling's).
+"""Plots of one scripts/bench run: reads results.json, outage_timeseries.csv and
+pg_stall_timeseries.csv from the run's folder and writes outage_throughput.png (records/s ingested
+and delivered over time, the outage shaded), outage_rss.png (agent RSS and spooled records over
+time), pg_stall.png (records/s ingested, delivered and stored while PostgreSQL stalls, with the
+persister's backlog) and write_latency.png (the distribution of write-call latency per scenario,
+against the ingest ceiling's).
 
     python scripts/bench-plot.py bench/results/<time>
 """
@@ -63,6 +65,36 @@ def main(folder: Path) -> None:
     fig.tight_layout()
     fig.savefig(folder / "outage_rss.png", dpi=110)
 
+    with (folder / "pg_stall_timeseries.csv").open() as f:
+        stall_rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    stall = results["pg_stall"]["stall"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for column, label in (
+        ("ingested", "ingested (socket)"),
+        ("delivered", "delivered (Kafka-acked)"),
+        ("rows", "stored (PostgreSQL rows)"),
+    ):
+        times, values = rates(stall_rows, column)
+        ax.plot(times, values, label=label)
+    ax.axvspan(stall["from_s"], stall["to_s"], color="red", alpha=0.12, label="PostgreSQL stalled")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("records/s")
+    backlog = ax.twinx()
+    backlog.plot(
+        [row["seconds"] for row in stall_rows],
+        [row["delivered"] - row["rows"] for row in stall_rows],
+        color="tab:gray",
+        linestyle="--",
+        label="persister backlog (records)",
+    )
+    backlog.set_ylabel("records in Kafka, not yet rows")
+    ax.set_title(f"PostgreSQL stalled at {results['pg_stall']['rate']} records/s\n{title}", fontsize=9)
+    lines = ax.get_legend_handles_labels()
+    more = backlog.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
+    fig.tight_layout()
+    fig.savefig(folder / "pg_stall.png", dpi=110)
+
     fig, ax = plt.subplots(figsize=(9, 4.5))
     runs = (
         ("ingest ceiling", results["ceilings"]["ingest"]),
@@ -70,6 +102,7 @@ def main(folder: Path) -> None:
         ("rsyslog, max rate", results["rsyslog"]["load"]),
         (f"sluice, {results['fixed_rate']['rate']}/s", results["fixed_rate"]["load"]),
         ("sluice, broker outage", results["outage"]["load"]),
+        ("sluice, PostgreSQL stalled", results["pg_stall"]["load"]),
     )
     for label, load in runs:
         buckets = load["write_latency_histogram"]

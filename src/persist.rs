@@ -542,6 +542,11 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
                 metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
                 metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
+                let committed_ms = chrono::Utc::now().timestamp_millis();
+                let row_latency = metrics::histogram!(telemetry::PERSIST_ROW_LATENCY);
+                for row in &batch.rows {
+                    row_latency.record((committed_ms - row.ingest_time.timestamp_millis()).max(0) as f64 / 1000.0);
+                }
                 for letter in &batch.dead {
                     metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => letter.reason).increment(1);
                     warn!(

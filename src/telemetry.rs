@@ -92,6 +92,8 @@ pub const PERSIST_DUPLICATES: &str = "sluice_persist_rows_duplicate_total";
 pub const PERSIST_BATCHES: &str = "sluice_persist_batches_total";
 /// Time to write one batch: COPY, insert and commit.
 pub const PERSIST_BATCH_SECONDS: &str = "sluice_persist_batch_duration_seconds";
+/// Histogram: ingest (the agent's clock) → the row's commit in PostgreSQL, per row.
+pub const PERSIST_ROW_LATENCY: &str = "sluice_persist_row_latency_seconds";
 /// Batch writes that failed and were retried.
 pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
 /// Offset stores or commits that failed.
@@ -245,6 +247,11 @@ fn describe_all() {
     describe_counter!(PERSIST_DUPLICATES, "Redelivered records skipped by the unique key.");
     describe_counter!(PERSIST_BATCHES, "Batches committed to PostgreSQL.");
     describe_histogram!(PERSIST_BATCH_SECONDS, Unit::Seconds, "Time to COPY, insert and commit one batch.");
+    describe_histogram!(
+        PERSIST_ROW_LATENCY,
+        Unit::Seconds,
+        "Time from ingest (the agent's clock) to the row's commit in PostgreSQL."
+    );
     describe_counter!(PERSIST_WRITE_ERRORS, "Batch writes that failed and were retried.");
     describe_counter!(PERSIST_COMMIT_ERRORS, "Kafka offset stores or commits that failed.");
     describe_counter!(PERSIST_DEAD_LETTERS, "Messages kept in dead_letters, by reason.");
