@@ -58,8 +58,48 @@ pub struct LoadOptions {
     pub connections: u32,
     /// Records per second over all connections; 0: as fast as possible.
     pub rate: u64,
-    /// Every record padded to this many bytes (newline included); 0: natural size.
-    pub size: usize,
+    /// What the records look like.
+    pub shape: Shape,
+}
+
+/// What the benchmark's records look like.
+#[derive(Debug, Clone)]
+pub enum Shape {
+    /// A numbered JSON log line padded to this many bytes, newline included (`record`).
+    Padded(usize),
+    /// Lines of a JSON log sample (`bench/sample.jsonl`), taken in turn; each connection starts
+    /// at a different line.
+    Sample(Arc<Vec<Vec<u8>>>),
+}
+
+impl Shape {
+    /// Reads a sample: one record per non-empty line.
+    pub fn sample(path: &Path) -> Result<Self, BenchError> {
+        let text = std::fs::read(path).map_err(|source| BenchError::Socket { path: path.to_path_buf(), source })?;
+        let lines: Vec<Vec<u8>> =
+            text.split(|byte| *byte == b'\n').filter(|line| !line.is_empty()).map(|line| line.to_vec()).collect();
+        if lines.is_empty() {
+            return Err(BenchError::Socket {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, "the sample has no lines"),
+            });
+        }
+        Ok(Shape::Sample(Arc::new(lines)))
+    }
+
+    /// Record `index` of `connection`, newline included.
+    pub fn line(&self, connection: u32, index: u64) -> Vec<u8> {
+        match self {
+            Shape::Padded(size) => record(connection, index, *size),
+            Shape::Sample(lines) => {
+                let at = (index as usize).wrapping_add(connection as usize * 7919) % lines.len();
+                let mut line = Vec::with_capacity(lines[at].len() + 1);
+                line.extend_from_slice(&lines[at]);
+                line.push(b'\n');
+                line
+            }
+        }
+    }
 }
 
 /// Write-call latency percentiles, in microseconds.
@@ -168,8 +208,8 @@ pub fn load(socket: &Path, options: &LoadOptions) -> Result<LoadResult, BenchErr
             let share = options.records / u64::from(connections)
                 + u64::from(u64::from(connection) < options.records % u64::from(connections));
             let rate = options.rate as f64 / f64::from(connections);
-            let size = options.size;
-            std::thread::spawn(move || write_connection(stream, connection, share, rate, size))
+            let shape = options.shape.clone();
+            std::thread::spawn(move || write_connection(stream, connection, share, rate, &shape))
         })
         .collect();
     let mut bytes = 0;
@@ -198,7 +238,7 @@ fn write_connection(
     connection: u32,
     records: u64,
     rate: f64,
-    size: usize,
+    shape: &Shape,
 ) -> std::io::Result<(u64, Vec<u32>)> {
     // Records are made before the clock starts for each call: the app's own formatting is not
     // what is measured.
@@ -212,7 +252,7 @@ fn write_connection(
                 std::thread::sleep(wait);
             }
         }
-        let line = record(connection, index, size);
+        let line = shape.line(connection, index);
         let call = Instant::now();
         stream.write_all(&line)?;
         latencies.push(u32::try_from(call.elapsed().as_nanos()).unwrap_or(u32::MAX));
@@ -302,14 +342,14 @@ impl ProducerContext for AckContext {
 
 /// The shipping ceiling: a raw librdkafka producer with the agent's settings (acks=all,
 /// idempotence, compression, linger, batch size: `producer_config` for `config`) sending
-/// `records` envelopes like the agent's for records of `size` bytes to `topic`, as fast as
+/// `records` envelopes like the agent's for records of `shape` to `topic`, as fast as
 /// librdkafka takes them, until every one is acknowledged.
 #[expect(clippy::disallowed_methods, reason = "runs on the main thread of `sluice bench`, no async runtime")]
 pub fn producer_ceiling(
     config: &crate::config::Config,
     topic: &str,
     records: u64,
-    size: usize,
+    shape: &Shape,
 ) -> Result<ProducerResult, BenchError> {
     let buffer = crate::buffer::Buffer::new(&config.buffer);
     let client = crate::ship::producer_config(config, &buffer);
@@ -333,7 +373,7 @@ pub fn producer_ceiling(
     let mut bytes = 0u64;
     let started = Instant::now();
     for index in 0..records {
-        let line = record(0, index, size);
+        let line = shape.line(0, index);
         let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
         envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
         bytes += envelope.len() as u64;
@@ -480,9 +520,32 @@ mod tests {
     }
 
     #[test]
+    fn sample_records_are_its_lines_in_turn_with_a_newline_each_connection_from_its_own_start() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sample.jsonl");
+        std::fs::write(&path, "{\"a\":1}\n\n{\"b\":2}\n{\"c\":3}").expect("sample written");
+        let shape = Shape::sample(&path).expect("a sample");
+        let lines: Vec<Vec<u8>> = (0..4).map(|index| shape.line(0, index)).collect();
+        assert_eq!(lines, [&b"{\"a\":1}\n"[..], b"{\"b\":2}\n", b"{\"c\":3}\n", b"{\"a\":1}\n"]);
+        assert_ne!(shape.line(1, 0), shape.line(0, 0));
+        std::fs::write(&path, "\n\n").expect("empty sample written");
+        assert!(Shape::sample(&path).is_err());
+    }
+
+    #[test]
+    fn the_committed_sample_is_json_lines() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/sample.jsonl");
+        let Shape::Sample(lines) = Shape::sample(&path).expect("bench/sample.jsonl") else { panic!("a sample") };
+        assert_eq!(lines.len(), 1000);
+        for line in lines.iter() {
+            assert!(serde_json::from_slice::<serde_json::Value>(line).is_ok_and(|value| value.is_object()));
+        }
+    }
+
+    #[test]
     fn the_socket_ceiling_reads_every_record_it_times() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let options = LoadOptions { records: 10_000, connections: 2, rate: 0, size: 256 };
+        let options = LoadOptions { records: 10_000, connections: 2, rate: 0, shape: Shape::Padded(256) };
         let result = socket_ceiling(dir.path(), &options).expect("ceiling run");
         assert_eq!((result.records, result.bytes), (10_000, 2_560_000));
         assert!(result.write_latency.max_us >= result.write_latency.p50_us);

@@ -150,8 +150,11 @@ enum BenchCommand {
         #[arg(long)]
         records: u64,
         /// Record size in bytes (the envelope around it is the agent's).
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, conflicts_with = "sample")]
         size: usize,
+        /// Draw records from this JSON-lines sample instead.
+        #[arg(long)]
+        sample: Option<PathBuf>,
     },
     /// Creates a topic (by a metadata request, as auto-creation does) and waits for its leaders.
     EnsureTopic {
@@ -194,18 +197,21 @@ struct LoadArgs {
     #[arg(long, default_value_t = 0)]
     rate: u64,
     /// Record size in bytes, newline included.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, conflicts_with = "sample")]
     size: usize,
+    /// Draw records from this JSON-lines sample instead (e.g. bench/sample.jsonl).
+    #[arg(long)]
+    sample: Option<PathBuf>,
 }
 
 impl LoadArgs {
-    fn options(&self) -> sluice::bench::LoadOptions {
-        sluice::bench::LoadOptions {
+    fn options(&self) -> Result<sluice::bench::LoadOptions, sluice::bench::BenchError> {
+        Ok(sluice::bench::LoadOptions {
             records: self.records,
             connections: self.connections,
             rate: self.rate,
-            size: self.size,
-        }
+            shape: shape(self.size, self.sample.as_deref())?,
+        })
     }
 }
 
@@ -327,16 +333,29 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
     }
 }
 
+/// Padded records of `size` bytes, or the lines of `sample`.
+fn shape(size: usize, sample: Option<&std::path::Path>) -> Result<sluice::bench::Shape, sluice::bench::BenchError> {
+    match sample {
+        Some(path) => sluice::bench::Shape::sample(path),
+        None => Ok(sluice::bench::Shape::Padded(size)),
+    }
+}
+
 fn bench(command: BenchCommand) -> anyhow::Result<()> {
     use sluice::bench;
     let json = match command {
-        BenchCommand::Load { socket, load } => serde_json::to_string(&bench::load(&socket, &load.options())?)?,
+        BenchCommand::Load { socket, load } => serde_json::to_string(&bench::load(&socket, &load.options()?)?)?,
         BenchCommand::SocketCeiling { dir, load } => {
-            serde_json::to_string(&bench::socket_ceiling(&dir, &load.options())?)?
+            serde_json::to_string(&bench::socket_ceiling(&dir, &load.options()?)?)?
         }
-        BenchCommand::ProducerCeiling { config, topic, records, size } => {
+        BenchCommand::ProducerCeiling { config, topic, records, size, sample } => {
             let config = Config::load(&config)?;
-            serde_json::to_string(&bench::producer_ceiling(&config, &topic, records, size)?)?
+            serde_json::to_string(&bench::producer_ceiling(
+                &config,
+                &topic,
+                records,
+                &shape(size, sample.as_deref())?,
+            )?)?
         }
         BenchCommand::EnsureTopic { brokers, topic } => {
             bench::ensure_topic(&brokers, &topic)?;
