@@ -44,8 +44,18 @@ pub mod writer;
 use row::{DeadLetter, Origin, Parsed, Row};
 use writer::Writer;
 
-/// librdkafka's prefetch queue per persister, in KiB (`queued.max.messages.kbytes`).
-const PREFETCH_KIB: u32 = 16 * 1024;
+/// librdkafka's prefetch queue per persister (the high-level consumer has one queue for all
+/// partitions), in KiB of message values (`queued.max.messages.kbytes`).
+const PREFETCH_KIB: u32 = 8 * 1024;
+/// Compressed bytes one fetch may return per partition (`max.partition.fetch.bytes`). A fetch
+/// lands in the prefetch queue whole, decompressed, even past `PREFETCH_KIB`: with librdkafka's
+/// 1 MiB default, 4 partitions and the benchmark's very compressible records (~30×), the queue
+/// overshot to 127 MiB and the persister peaked at ~300 MiB RSS draining 500k records; with
+/// 256 KiB (and `fetch.max.bytes` at its 1 MiB floor) it peaked at ~145 MiB, no slower.
+const FETCH_PARTITION_BYTES: u32 = 256 * 1024;
+/// Compressed bytes one fetch may return in all (`fetch.max.bytes`); librdkafka wants at least
+/// `message.max.bytes` (1 MB by default).
+const FETCH_BYTES: u32 = 1024 * 1024;
 /// How often partitions ahead are created and old ones dropped.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 /// How often PostgreSQL is asked `SELECT 1` for `/readyz`, also while no records arrive.
@@ -229,10 +239,17 @@ fn consumer_config(config: &Config) -> ClientConfig {
         .set("auto.commit.interval.ms", "1000");
     let overridden =
         |key: &str| config.persist.properties.contains_key(key) || config.kafka.properties.contains_key(key);
-    if !overridden("queued.max.messages.kbytes") {
-        // librdkafka prefetches up to 64 MiB per consumer by default; while PostgreSQL is away
-        // the persister stops polling, and this is what it holds on top of one batch.
-        client.set("queued.max.messages.kbytes", PREFETCH_KIB.to_string());
+    // librdkafka prefetches up to 64 MiB (plus one 1 MiB-per-partition fetch, decompressed) by
+    // default; while PostgreSQL is away the persister stops polling, and this is what it holds on
+    // top of its batches.
+    for (key, value) in [
+        ("queued.max.messages.kbytes", PREFETCH_KIB),
+        ("max.partition.fetch.bytes", FETCH_PARTITION_BYTES),
+        ("fetch.max.bytes", FETCH_BYTES),
+    ] {
+        if !overridden(key) {
+            client.set(key, value.to_string());
+        }
     }
     if !overridden("auto.offset.reset") {
         // A new group starts at the beginning: records produced before the first persister
