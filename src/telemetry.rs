@@ -199,6 +199,13 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
             &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
         )
         .map_err(|error| RecorderError(error.to_string()))?
+        // How fresh rows are: a persister that fell behind is minutes late, not 30 s. (A full
+        // name outranks the suffix rule above.)
+        .set_buckets_for_metric(
+            Matcher::Full(PERSIST_ROW_LATENCY.into()),
+            &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0],
+        )
+        .map_err(|error| RecorderError(error.to_string()))?
         .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|error| RecorderError(error.to_string()))?;
