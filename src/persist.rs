@@ -72,6 +72,9 @@ pub enum PersistError {
     /// The TLS settings could not be loaded (`postgres.ca_file`).
     #[error("postgres TLS: {0}")]
     Tls(String),
+    /// A value could not be encoded for COPY (a column type the writer does not know).
+    #[error("cannot encode a row for COPY: {0}")]
+    Encode(String),
     /// Connecting took longer than `postgres.connect_timeout`.
     #[error("postgres: connection attempt timed out")]
     ConnectTimeout,

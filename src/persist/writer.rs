@@ -5,6 +5,10 @@
 //! third less per row than staging + insert (measured with 50,000 benchmark rows: 9.7 µs against
 //! 6 + 8 µs), and a redelivered batch is rare.
 //!
+//! The binary COPY stream is encoded here (`encode_row`, a few lines over `ToSql`) rather than
+//! by tokio-postgres's `BinaryCopyInWriter`, which hands the connection task a message every
+//! 4 KiB; sending 1 MiB at a time cut the persister's CPU by ~18% (500k rows: 3.2–3.4 s → 2.6 s).
+//!
 //! Owns: the persister's database connection and the batch transaction. Must not: commit a
 //! partial batch, or report success before the transaction has committed (offsets are stored
 //! only after this returns `Ok`).
@@ -12,12 +16,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use bytes::{BufMut, BytesMut};
 use chrono::NaiveDate;
-use futures_util::pin_mut;
+use futures_util::{SinkExt, pin_mut};
 use tokio_postgres::Client;
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{IsNull, ToSql, Type};
 use tracing::{debug, warn};
 
 use super::PersistError;
@@ -74,6 +78,30 @@ impl ToSql for JsonText {
 
     tokio_postgres::types::accepts!(JSON, JSONB);
     tokio_postgres::types::to_sql_checked!();
+}
+
+/// COPY's binary format: signature, flags, header extension length.
+const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+/// Bytes of encoded rows sent to the connection in one CopyData message. tokio-postgres's own
+/// `BinaryCopyInWriter` hands the connection task a message every 4 KiB — ~1,300 cross-task
+/// messages for a batch of 5,000 benchmark rows; encoding here sends five.
+const COPY_CHUNK: usize = 1024 * 1024;
+
+/// Appends one row in COPY's binary format: the field count, then each field's length (-1 for
+/// NULL) and bytes, as `ToSql` encodes them.
+fn encode_row(copy: &mut BytesMut, values: &[&(dyn ToSql + Sync)], types: &[Type]) -> Result<(), PersistError> {
+    copy.put_i16(values.len() as i16);
+    for (value, ty) in values.iter().zip(types) {
+        let at = copy.len();
+        copy.put_i32(0);
+        let length = match value.to_sql_checked(ty, copy).map_err(|error| PersistError::Encode(error.to_string()))? {
+            IsNull::Yes => -1,
+            IsNull::No => i32::try_from(copy.len() - at - 4)
+                .map_err(|_| PersistError::Encode("a value longer than 2 GiB".into()))?,
+        };
+        copy[at..at + 4].copy_from_slice(&length.to_be_bytes());
+    }
+    Ok(())
 }
 
 /// How a batch reaches `logs`.
@@ -184,8 +212,9 @@ impl Writer {
                 .copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", self.column_list))
                 .await
                 .map_err(PersistError::Postgres)?;
-            let writer = BinaryCopyInWriter::new(sink, &self.types);
-            pin_mut!(writer);
+            pin_mut!(sink);
+            let mut copy = BytesMut::with_capacity(COPY_CHUNK + 64 * 1024);
+            copy.put_slice(COPY_HEADER);
             for row in rows {
                 let values: [&(dyn ToSql + Sync); 18] = [
                     &row.record_id,
@@ -207,9 +236,14 @@ impl Writer {
                     &row.origin.partition,
                     &row.origin.offset,
                 ];
-                writer.as_mut().write(&values).await.map_err(PersistError::Postgres)?;
+                encode_row(&mut copy, &values, &self.types)?;
+                if copy.len() >= COPY_CHUNK {
+                    sink.send(copy.split().freeze()).await.map_err(PersistError::Postgres)?;
+                }
             }
-            let copied = writer.finish().await.map_err(PersistError::Postgres)?;
+            copy.put_i16(-1);
+            sink.send(copy.split().freeze()).await.map_err(PersistError::Postgres)?;
+            let copied = sink.as_mut().finish().await.map_err(PersistError::Postgres)?;
             written.inserted = match path {
                 Path::Direct => copied,
                 Path::Staging => transaction
@@ -250,5 +284,29 @@ impl Writer {
     /// Forgets known partitions (after retention dropped some, or on reconnect).
     pub fn forget_partitions(&mut self) {
         self.partitions.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_rows_carry_field_count_then_length_and_bytes_per_field_with_minus_one_for_null() {
+        let mut copy = BytesMut::new();
+        let text = String::from("ab");
+        let none: Option<String> = None;
+        let number = 7i32;
+        encode_row(&mut copy, &[&text, &none, &number], &[Type::TEXT, Type::TEXT, Type::INT4]).expect("encoded");
+        let expected: &[u8] = &[0, 3, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 4, 0, 0, 0, 7];
+        assert_eq!(&copy[..], expected);
+        assert_eq!(COPY_HEADER.len(), 19, "signature (11 bytes), flags, header extension length");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_an_encoding_error_not_a_panic() {
+        let mut copy = BytesMut::new();
+        let text = String::from("ab");
+        assert!(matches!(encode_row(&mut copy, &[&text], &[Type::INT4]), Err(PersistError::Encode(_))));
     }
 }
