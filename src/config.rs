@@ -587,7 +587,8 @@ pub enum KeySource {
 pub struct PersistConfig {
     /// Address of the persister's admin HTTP server. Default `"127.0.0.1:9465"`.
     pub admin_listen: String,
-    /// On SIGTERM, how long to finish the current batch and commit. Default `20s`.
+    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails) and commit
+    /// their offsets; what is not written by then is re-read by the next owner. Default `20s`.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Kafka consumer group. Default `"sluice-persist"`.
