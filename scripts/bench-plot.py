@@ -30,10 +30,27 @@ def rates(rows, column):
     return times, values
 
 
+def series(path: Path):
+    """A time-series CSV of the run as rows of floats."""
+    with path.open() as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def save(fig, ax, path: Path, twin=None) -> None:
+    """One legend for the axes (and a twin y-axis, if any), then the PNG."""
+    if twin is None:
+        ax.legend()
+    else:
+        lines, labels = ax.get_legend_handles_labels()
+        more_lines, more_labels = twin.get_legend_handles_labels()
+        ax.legend(lines + more_lines, labels + more_labels, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(folder: Path) -> None:
     results = json.loads((folder / "results.json").read_text())
-    with (folder / "outage_timeseries.csv").open() as f:
-        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    rows = series(folder / "outage_timeseries.csv")
     outage = results["outage"]["outage"]
     title = f"{results['when']} — {results['machine']}"
 
@@ -45,9 +62,7 @@ def main(folder: Path) -> None:
     ax.set_xlabel("seconds")
     ax.set_ylabel("records/s")
     ax.set_title(f"Broker outage at {results['outage']['rate']} records/s, disk buffer\n{title}", fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "outage_throughput.png", dpi=110)
+    save(fig, ax, folder / "outage_throughput.png")
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     times = [row["seconds"] for row in rows]
@@ -59,14 +74,9 @@ def main(folder: Path) -> None:
     spooled.plot(times, [row["spooled"] for row in rows], color="tab:green", label="records in the spool")
     spooled.set_ylabel("records in the spool")
     ax.set_title(f"Agent memory and spool during the outage\n{title}", fontsize=9)
-    lines = ax.get_legend_handles_labels()
-    more = spooled.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
-    fig.tight_layout()
-    fig.savefig(folder / "outage_rss.png", dpi=110)
+    save(fig, ax, folder / "outage_rss.png", twin=spooled)
 
-    with (folder / "pg_stall_timeseries.csv").open() as f:
-        stall_rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    stall_rows = series(folder / "pg_stall_timeseries.csv")
     stall = results["pg_stall"]["stall"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for column, label in (
@@ -89,11 +99,7 @@ def main(folder: Path) -> None:
     )
     backlog.set_ylabel("records in Kafka, not yet rows")
     ax.set_title(f"PostgreSQL stalled at {results['pg_stall']['rate']} records/s\n{title}", fontsize=9)
-    lines = ax.get_legend_handles_labels()
-    more = backlog.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
-    fig.tight_layout()
-    fig.savefig(folder / "pg_stall.png", dpi=110)
+    save(fig, ax, folder / "pg_stall.png", twin=backlog)
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     runs = (
@@ -118,9 +124,7 @@ def main(folder: Path) -> None:
     ax.set_xlabel("write() call latency, µs (bucket upper bound)")
     ax.set_ylabel("fraction of calls slower")
     ax.set_title(f"What the app feels: write-call latency\n{title}", fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "write_latency.png", dpi=110)
+    save(fig, ax, folder / "write_latency.png")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ apt_install() {
 # True when something accepts TCP connections on 127.0.0.1:$1.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# The sum of every series (all labels) of the metrics whose names start with $2, scraped from
+# the admin address $1 (host:port).
+metric_sum() { curl -fsS "http://$1/metrics" | awk -v name="$2" 'index($1, name) == 1 { s += $2 } END { printf "%.0f", s }'; }
+
 # True when the pid in file $1 is alive and its command line contains $2
 # (guards against a recycled pid after a reboot).
 pid_alive() {

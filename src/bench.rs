@@ -39,6 +39,14 @@ pub enum BenchError {
     /// Kafka refused or failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// The record sample could not be read, or has no lines.
+    #[error("sample {path}: {source}")]
+    Sample {
+        /// The sample's path.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
     /// Not every record was acknowledged.
     #[error("{failed} of {records} records were not acknowledged by Kafka")]
     Undelivered {
@@ -75,11 +83,11 @@ pub enum Shape {
 impl Shape {
     /// Reads a sample: one record per non-empty line.
     pub fn sample(path: &Path) -> Result<Self, BenchError> {
-        let text = std::fs::read(path).map_err(|source| BenchError::Socket { path: path.to_path_buf(), source })?;
+        let text = std::fs::read(path).map_err(|source| BenchError::Sample { path: path.to_path_buf(), source })?;
         let lines: Vec<Vec<u8>> =
             text.split(|byte| *byte == b'\n').filter(|line| !line.is_empty()).map(|line| line.to_vec()).collect();
         if lines.is_empty() {
-            return Err(BenchError::Socket {
+            return Err(BenchError::Sample {
                 path: path.to_path_buf(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, "the sample has no lines"),
             });
@@ -529,7 +537,7 @@ mod tests {
         assert_eq!(lines, [&b"{\"a\":1}\n"[..], b"{\"b\":2}\n", b"{\"c\":3}\n", b"{\"a\":1}\n"]);
         assert_ne!(shape.line(1, 0), shape.line(0, 0));
         std::fs::write(&path, "\n\n").expect("empty sample written");
-        assert!(Shape::sample(&path).is_err());
+        assert!(matches!(Shape::sample(&path), Err(BenchError::Sample { .. })));
     }
 
     #[test]

@@ -304,7 +304,6 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
                 Role::Agent => "agent",
                 Role::Persist => "persist",
             })?;
-            tokio::spawn(telemetry::keep_histograms_bounded(metrics.clone()));
             let shutdown = Shutdown::install().context("cannot install signal handlers")?;
             let work = async {
                 match role {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 use metrics_exporter_prometheus::PrometheusHandle;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -431,7 +431,7 @@ async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationTok
         senders.push(sender);
         lanes.push(write_lane(run, writer, batches, &drain_deadline));
     }
-    let work = futures_util::future::join(read_batches(run, senders, shutdown, &drain_deadline), join_all(lanes));
+    let work = join(read_batches(run, senders, shutdown, &drain_deadline), join_all(lanes));
     let deadline = async {
         shutdown.cancelled().await;
         tokio::time::sleep(run.config.persist.drain_timeout).await;

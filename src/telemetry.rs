@@ -90,7 +90,7 @@ pub const PERSIST_ROWS: &str = "sluice_persist_rows_written_total";
 pub const PERSIST_DUPLICATES: &str = "sluice_persist_rows_duplicate_total";
 /// Batches committed to PostgreSQL.
 pub const PERSIST_BATCHES: &str = "sluice_persist_batches_total";
-/// Time to write one batch: COPY, insert and commit.
+/// Time to write one batch: COPY (+ insert for a redelivered batch) and commit.
 pub const PERSIST_BATCH_SECONDS: &str = "sluice_persist_batch_duration_seconds";
 /// Histogram: ingest (the agent's clock) → the row's commit in PostgreSQL, per row.
 pub const PERSIST_ROW_LATENCY: &str = "sluice_persist_row_latency_seconds";
@@ -174,8 +174,8 @@ impl Rejected {
 const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Folds histogram samples into buckets every `UPKEEP_INTERVAL`, for as long as the runtime runs.
-/// Spawn it once, next to `install_recorder`; it holds no records, so it needs no shutdown step.
-pub async fn keep_histograms_bounded(handle: PrometheusHandle) {
+/// It holds no records, so it needs no shutdown step.
+async fn keep_histograms_bounded(handle: PrometheusHandle) {
     let mut ticker = tokio::time::interval(UPKEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -189,9 +189,9 @@ pub async fn keep_histograms_bounded(handle: PrometheusHandle) {
 #[error("cannot install the metrics recorder: {0}")]
 pub struct RecorderError(String);
 
-/// Installs the process-wide Prometheus recorder and describes every metric. Call once, from
-/// `main`, then spawn `keep_histograms_bounded`; the returned handle renders the text the admin
-/// server serves.
+/// Installs the process-wide Prometheus recorder, describes every metric and starts its upkeep
+/// (`keep_histograms_bounded`). Call once, from `main`, inside the runtime; the returned handle
+/// renders the text the admin server serves.
 pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, RecorderError> {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(
@@ -209,6 +209,7 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
         .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|error| RecorderError(error.to_string()))?;
+    tokio::spawn(keep_histograms_bounded(handle.clone()));
     describe_all();
     metrics::gauge!(
         BUILD_INFO,
@@ -253,7 +254,11 @@ fn describe_all() {
     describe_counter!(PERSIST_ROWS, "Rows inserted into the logs table.");
     describe_counter!(PERSIST_DUPLICATES, "Redelivered records skipped by the unique key.");
     describe_counter!(PERSIST_BATCHES, "Batches committed to PostgreSQL.");
-    describe_histogram!(PERSIST_BATCH_SECONDS, Unit::Seconds, "Time to COPY, insert and commit one batch.");
+    describe_histogram!(
+        PERSIST_BATCH_SECONDS,
+        Unit::Seconds,
+        "Time to COPY (+ insert for a redelivered batch) and commit one batch."
+    );
     describe_histogram!(
         PERSIST_ROW_LATENCY,
         Unit::Seconds,

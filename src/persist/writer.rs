@@ -21,7 +21,7 @@ use chrono::NaiveDate;
 use futures_util::{SinkExt, pin_mut};
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{IsNull, ToSql, Type};
+use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 use tracing::{debug, warn};
 
 use super::PersistError;
@@ -64,20 +64,16 @@ pub struct Written {
 
 /// `jsonb`'s binary form is a version byte (1) and the JSON text; `json`'s is the text.
 impl ToSql for JsonText {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         if *ty == Type::JSONB {
-            out.extend_from_slice(&[1]);
+            out.put_u8(1);
         }
-        out.extend_from_slice(self.0.as_bytes());
-        Ok(tokio_postgres::types::IsNull::No)
+        out.put_slice(self.0.as_bytes());
+        Ok(IsNull::No)
     }
 
-    tokio_postgres::types::accepts!(JSON, JSONB);
-    tokio_postgres::types::to_sql_checked!();
+    accepts!(JSON, JSONB);
+    to_sql_checked!();
 }
 
 /// COPY's binary format: signature, flags, header extension length.
@@ -106,7 +102,7 @@ fn encode_row(copy: &mut BytesMut, values: &[&(dyn ToSql + Sync)], types: &[Type
 
 /// How a batch reaches `logs`.
 #[derive(Debug, Clone, Copy)]
-enum Path {
+enum Route {
     /// COPY into `logs`: fails on the first record already stored.
     Direct,
     /// COPY into `staging`, then insert what is not stored yet.
@@ -191,22 +187,27 @@ impl Writer {
             schema::ensure_partitions(&self.client, &days).await?;
             self.partitions.extend(days);
         }
-        match self.write_through(Path::Direct, rows, dead).await {
+        match self.write_through(Route::Direct, rows, dead).await {
             Err(PersistError::Postgres(error)) if error.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 debug!(records = rows.len(), "batch holds records already stored; writing it through staging");
-                self.write_through(Path::Staging, rows, dead).await
+                self.write_through(Route::Staging, rows, dead).await
             }
             result => result,
         }
     }
 
-    async fn write_through(&mut self, path: Path, rows: &[Row], dead: &[DeadLetter]) -> Result<Written, PersistError> {
+    async fn write_through(
+        &mut self,
+        route: Route,
+        rows: &[Row],
+        dead: &[DeadLetter],
+    ) -> Result<Written, PersistError> {
         let transaction = self.client.transaction().await.map_err(PersistError::Postgres)?;
         let mut written = Written::default();
         if !rows.is_empty() {
-            let table = match path {
-                Path::Direct => "logs",
-                Path::Staging => "staging",
+            let table = match route {
+                Route::Direct => "logs",
+                Route::Staging => "staging",
             };
             let sink = transaction
                 .copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", self.column_list))
@@ -244,9 +245,9 @@ impl Writer {
             copy.put_i16(-1);
             sink.send(copy.split().freeze()).await.map_err(PersistError::Postgres)?;
             let copied = sink.as_mut().finish().await.map_err(PersistError::Postgres)?;
-            written.inserted = match path {
-                Path::Direct => copied,
-                Path::Staging => transaction
+            written.inserted = match route {
+                Route::Direct => copied,
+                Route::Staging => transaction
                     .execute(
                         &format!(
                             "INSERT INTO logs ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING",
