@@ -607,6 +607,12 @@ pub struct PersistConfig {
     pub retention_days: u32,
     /// Day partitions are created this many days ahead. Default `3`.
     pub partitions_ahead_days: u32,
+    /// A record whose `ingest_time` is further ahead of this persister's clock than this is kept
+    /// in `dead_letters` (`reason="ingest_time_in_future"`) instead of `logs`: an agent with a
+    /// wrong clock must not create day partitions years ahead. (A record older than
+    /// `retention_days` is a dead letter too, `reason="expired"`.) Default `1d`.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
     /// librdkafka properties for the consumer only, applied after `kafka.properties`.
     pub properties: BTreeMap<String, String>,
 }
@@ -622,6 +628,7 @@ impl Default for PersistConfig {
             writers: 2,
             retention_days: 14,
             partitions_ahead_days: 3,
+            max_clock_skew: Duration::from_secs(24 * 3600),
             properties: BTreeMap::new(),
         }
     }
@@ -956,6 +963,11 @@ impl Config {
         }
         if self.persist.partitions_ahead_days > 366 {
             return Err(invalid("persist.partitions_ahead_days", "must be at most 366".into()));
+        }
+        if self.persist.max_clock_skew < Duration::from_secs(60)
+            || self.persist.max_clock_skew > Duration::from_secs(366 * 86400)
+        {
+            return Err(invalid("persist.max_clock_skew", "must be between 1m and 366d".into()));
         }
         if self.postgres.url.parse::<tokio_postgres::Config>().is_err() {
             return Err(invalid("postgres.url", "is not a PostgreSQL connection URL".into()));

@@ -41,6 +41,9 @@ pub mod row;
 pub mod schema;
 pub mod writer;
 
+#[cfg(test)]
+mod tests;
+
 use row::{DeadLetter, Origin, Parsed, Row};
 use writer::Writer;
 
@@ -387,6 +390,8 @@ async fn connect_writer(
 struct Batch {
     rows: Vec<Row>,
     dead: Vec<DeadLetter>,
+    /// Dead letters PostgreSQL refused too, with its error: counted and logged, not stored.
+    lost: Vec<(DeadLetter, String)>,
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
@@ -395,6 +400,22 @@ struct Batch {
 impl Batch {
     fn len(&self) -> usize {
         self.rows.len() + self.dead.len()
+    }
+
+    /// Moves rows that may not be written now (see [`row::Window`]) to the dead letters.
+    fn set_aside_outside(&mut self, window: &row::Window) {
+        if self.rows.iter().all(|row| window.refuses(row).is_none()) {
+            return;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        for row in rows {
+            match window.refuses(&row) {
+                None => self.rows.push(row),
+                Some((reason, error)) => {
+                    self.dead.push(DeadLetter::new(row.origin, reason, &error, Some(row.payload.into_bytes())));
+                }
+            }
+        }
     }
 
     fn add(&mut self, parsed: Parsed, origin: &Origin) {
@@ -544,18 +565,16 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 /// Writes a batch, retrying until it commits; then stores its offsets. Returns false if `stop`
-/// interrupted the retries (the batch's offsets are not stored: it will be re-read).
+/// interrupted the retries (the batch's offsets are not stored: it will be re-read). Only errors
+/// that are not about the data are retried (PostgreSQL away, a lock timeout): what PostgreSQL
+/// refuses is isolated and set aside, so a batch is never retried unchanged forever.
 async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToken, mut batch: Batch) -> bool {
     let Run { config, consumer, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     loop {
+        batch.set_aside_outside(&window(config));
         let started = Instant::now();
-        let mut result = writer.write(&batch.rows, &batch.dead).await;
-        if result.as_ref().is_err_and(PersistError::is_rejected_data) {
-            // PostgreSQL refuses something in this batch; find it rather than retry forever.
-            result = isolate_rejected(writer, &mut batch).await;
-        }
-        match result {
+        match write_isolating(writer, &mut batch).await {
             Ok(written) => {
                 database_ok.store(true, Ordering::Relaxed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
@@ -574,6 +593,15 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                         reason = letter.reason, "message kept in dead_letters"
                     );
                 }
+                for (letter, error) in &batch.lost {
+                    metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected")
+                        .increment(1);
+                    error!(
+                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                        reason = letter.reason, %error,
+                        "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
+                    );
+                }
                 lag.persisted(&batch.rows);
                 lag.stored(&batch.next_offsets);
                 store_offsets(consumer, &batch.next_offsets);
@@ -582,7 +610,6 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
             Err(error) => {
                 metrics::counter!(telemetry::PERSIST_WRITE_ERRORS).increment(1);
                 error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
-                writer.forget_partitions();
                 if !writer.is_usable() {
                     database_ok.store(false, Ordering::Relaxed);
                     match connect_writer(config, database_ok, stop).await {
@@ -603,42 +630,109 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
     }
 }
 
-/// Writes a batch that PostgreSQL refused one row at a time; rows it refuses again become dead
-/// letters (with PostgreSQL's error), the rest are stored. Slow, and only for the rare batch
-/// with such a row.
-async fn isolate_rejected(writer: &mut Writer, batch: &mut Batch) -> Result<writer::Written, PersistError> {
+/// The ingest times rows may be written with now (see [`row::Window`]).
+fn window(config: &Config) -> row::Window {
+    let now = chrono::Utc::now();
+    let skew = chrono::Duration::from_std(config.persist.max_clock_skew).unwrap_or(chrono::Duration::days(1));
+    row::Window {
+        oldest_day: schema::retention_cutoff(now.date_naive(), config.persist.retention_days),
+        latest: now + skew,
+    }
+}
+
+/// Writes the batch. When PostgreSQL refuses something in it (a data error: SQLSTATE class 22,
+/// 23 or 54), the batch is split in halves, and halves that are refused again are split again,
+/// until each refused message stands alone: a refused row becomes a dead letter
+/// (`rejected_by_postgres`, with PostgreSQL's error), a refused dead letter is tried once more
+/// with an ASCII-only error text and then counted as lost. k bad messages in n cost about
+/// 2·k·log2(n) transactions. Each part commits on its own; that is safe because the batch's
+/// offsets are stored only when every part has committed, and writing a part again adds nothing.
+/// Any other error returns at once with the whole batch back in place, for the caller to retry.
+async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<writer::Written, PersistError> {
+    let whole = match writer.write(&batch.rows, &batch.dead).await {
+        Err(error) if error.is_rejected_data() => error,
+        other => return other,
+    };
+    warn!(error = %whole, records = batch.len(), "postgres refuses something in this batch; splitting it to find what");
     let mut total = writer::Written::default();
-    let mut kept = Vec::with_capacity(batch.rows.len());
-    let mut pending = std::mem::take(&mut batch.rows).into_iter();
-    while let Some(row) = pending.next() {
-        match writer.write(std::slice::from_ref(&row), &[]).await {
-            Ok(written) => {
-                total.inserted += written.inserted;
-                total.duplicates += written.duplicates;
-                kept.push(row);
-            }
-            Err(error) if error.is_rejected_data() => {
-                error!(%error, offset = row.origin.offset, "postgres rejects a record; it goes to dead_letters");
-                batch.dead.push(DeadLetter {
-                    origin: row.origin.clone(),
-                    reason: "rejected_by_postgres",
-                    error: error.to_string(),
-                    payload: Some(row.payload.into_bytes()),
-                });
-            }
-            Err(error) => {
-                // Not about the data (the connection went away): the whole batch is retried.
-                kept.push(row);
-                kept.extend(pending);
-                batch.rows = kept;
-                return Err(error);
+    let mut stored = Part::default();
+    let mut pending = vec![(
+        Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) },
+        Some(whole.to_string()),
+    )];
+    while let Some((mut part, refused)) = pending.pop() {
+        let refused = match refused {
+            Some(error) => error,
+            None => match writer.write(&part.rows, &part.dead).await {
+                Ok(written) => {
+                    total.inserted += written.inserted;
+                    total.duplicates += written.duplicates;
+                    total.dead_letters += written.dead_letters;
+                    stored.append(part);
+                    continue;
+                }
+                Err(error) if error.is_rejected_data() => error.to_string(),
+                Err(error) => {
+                    // Not about the data: everything goes back, the caller retries the batch.
+                    for (rest, _) in pending {
+                        part.append(rest);
+                    }
+                    stored.append(part);
+                    batch.rows = stored.rows;
+                    batch.dead = stored.dead;
+                    return Err(error);
+                }
+            },
+        };
+        if part.len() > 1 {
+            let (left, right) = part.halves();
+            pending.push((right, None));
+            pending.push((left, None));
+        } else if let Some(row) = part.rows.pop() {
+            error!(error = %refused, topic = %row.origin.topic, partition = row.origin.partition, offset = row.origin.offset,
+                "postgres rejects a record; it goes to dead_letters");
+            let letter = DeadLetter::new(row.origin, "rejected_by_postgres", &refused, Some(row.payload.into_bytes()));
+            pending.push((Part { rows: Vec::new(), dead: vec![letter] }, None));
+        } else if let Some(letter) = part.dead.pop() {
+            let plain = letter.ascii_only();
+            if plain.error != letter.error {
+                pending.push((Part { rows: Vec::new(), dead: vec![plain] }, None));
+            } else {
+                batch.lost.push((letter, refused));
             }
         }
     }
-    batch.rows = kept;
-    let letters = writer.write(&[], &batch.dead).await?;
-    total.dead_letters = letters.dead_letters;
+    batch.rows = stored.rows;
+    batch.dead = stored.dead;
     Ok(total)
+}
+
+/// Rows and dead letters written in one transaction while a refused batch is isolated.
+#[derive(Default)]
+struct Part {
+    rows: Vec<Row>,
+    dead: Vec<DeadLetter>,
+}
+
+impl Part {
+    fn len(&self) -> usize {
+        self.rows.len() + self.dead.len()
+    }
+
+    fn append(&mut self, mut other: Part) {
+        self.rows.append(&mut other.rows);
+        self.dead.append(&mut other.dead);
+    }
+
+    /// Two halves, each non-empty when `len() >= 2`: rows first, then dead letters, cut in the
+    /// middle.
+    fn halves(mut self) -> (Part, Part) {
+        let at = self.len() / 2;
+        let rows = self.rows.len();
+        let right_rows = self.rows.split_off(at.min(rows));
+        let right_dead = self.dead.split_off(at.saturating_sub(rows));
+        (self, Part { rows: right_rows, dead: right_dead })
+    }
 }
 
 fn store_offsets(consumer: &PersistConsumer, next_offsets: &BTreeMap<(String, i32), i64>) {

@@ -100,6 +100,10 @@ pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
 pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 /// Messages that could not be parsed as a sluice envelope, kept in `dead_letters`, by `reason`.
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
+/// Messages stored neither as a row nor as a dead letter (PostgreSQL refused the dead letter
+/// too), by `reason`; each is logged at ERROR with its topic, partition and offset, where it can
+/// still be read from Kafka until the topic's retention ends.
+pub const PERSIST_LOST: &str = "sluice_persist_records_lost_total";
 /// Partitions currently assigned to this persister.
 pub const PERSIST_ASSIGNED_PARTITIONS: &str = "sluice_persist_assigned_partitions";
 /// Records in the topic not yet persisted, per `partition` (high watermark minus stored offset).
@@ -267,6 +271,7 @@ fn describe_all() {
     describe_counter!(PERSIST_WRITE_ERRORS, "Batch writes that failed and were retried.");
     describe_counter!(PERSIST_COMMIT_ERRORS, "Kafka offset stores or commits that failed.");
     describe_counter!(PERSIST_DEAD_LETTERS, "Messages kept in dead_letters, by reason.");
+    describe_counter!(PERSIST_LOST, "Messages PostgreSQL refused as a row and as a dead letter, by reason.");
     describe_gauge!(PERSIST_ASSIGNED_PARTITIONS, "Partitions assigned to this persister.");
     describe_counter!(PERSIST_REBALANCES, "Consumer group rebalances seen.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
@@ -313,9 +318,19 @@ pub fn register_persist_series() {
     ] {
         metrics::counter!(name).increment(0);
     }
-    for reason in ["malformed_envelope", "nul_character", "rejected_by_postgres"] {
+    for reason in [
+        "malformed_envelope",
+        "unsupported_version",
+        "missing_message",
+        "nul_character",
+        "rejected_by_postgres",
+        "empty_message",
+        "expired",
+        "ingest_time_in_future",
+    ] {
         metrics::counter!(PERSIST_DEAD_LETTERS, REASON => reason).increment(0);
     }
+    metrics::counter!(PERSIST_LOST, REASON => "dead_letter_rejected").increment(0);
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);
 }
 

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -65,10 +65,55 @@ pub struct DeadLetter {
     pub origin: Origin,
     /// Metric label: why.
     pub reason: &'static str,
-    /// Human-readable detail.
+    /// Human-readable detail, always storable as PostgreSQL text (see [`DeadLetter::new`]).
     pub error: String,
-    /// The message value, byte for byte.
+    /// The message value, byte for byte (`bytea`: any bytes can be stored).
     pub payload: Option<Vec<u8>>,
+}
+
+/// Longest error text kept with a dead letter: PostgreSQL's "failing row contains (…)" detail
+/// can carry a whole record.
+pub const MAX_ERROR_TEXT: usize = 2048;
+
+impl DeadLetter {
+    /// A dead letter whose error text can always be stored: a parser's or PostgreSQL's message
+    /// may quote the bad input, and a text column refuses U+0000 (SQLSTATE 22021), so NUL is
+    /// written as `\u0000`; the text is cut at [`MAX_ERROR_TEXT`] bytes.
+    pub fn new(origin: Origin, reason: &'static str, error: &str, payload: Option<Vec<u8>>) -> Self {
+        Self { origin, reason, error: storable_text(error, MAX_ERROR_TEXT), payload }
+    }
+
+    /// The same letter with its error text reduced to printable ASCII: the last form tried
+    /// before PostgreSQL's refusal of the letter itself counts it as lost (a database whose
+    /// encoding cannot hold a character of the message, say).
+    pub fn ascii_only(&self) -> Self {
+        let error: String = self
+            .error
+            .chars()
+            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+            .take(MAX_ERROR_TEXT)
+            .collect();
+        Self { error, ..self.clone() }
+    }
+}
+
+/// `text` with U+0000 escaped as `\u0000`, at most `max` bytes (cut at a character boundary,
+/// marked with `…`).
+pub fn storable_text(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars() {
+        let piece_len = if c == '\0' { 6 } else { c.len_utf8() };
+        if out.len() + piece_len > max.saturating_sub('…'.len_utf8()) {
+            out.push('…');
+            break;
+        }
+        if c == '\0' {
+            out.push_str("\\u0000");
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Either a row or a dead letter.
@@ -78,6 +123,45 @@ pub enum Parsed {
     Row(Box<Row>),
     /// Not storable; kept aside.
     Dead(DeadLetter),
+}
+
+/// The ingest times a row may have when it is written: not older than what retention keeps (its
+/// day partition would be dropped, and the row with it, uncounted), not further ahead than the
+/// clock skew allows (a wrong clock would create partitions years ahead). Outside it a row
+/// becomes a dead letter with reason `expired` or `ingest_time_in_future`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The oldest day kept (`None`: retention keeps everything).
+    pub oldest_day: Option<NaiveDate>,
+    /// The latest ingest time accepted.
+    pub latest: DateTime<Utc>,
+}
+
+impl Window {
+    /// Why `row` may not be written now, if it may not: the dead-letter reason and its text.
+    pub fn refuses(&self, row: &Row) -> Option<(&'static str, String)> {
+        if let Some(oldest) = self.oldest_day
+            && row.ingest_time.date_naive() < oldest
+        {
+            return Some((
+                "expired",
+                format!(
+                    "ingest_time {} is older than the retention period (oldest day kept: {oldest})",
+                    row.ingest_time
+                ),
+            ));
+        }
+        if row.ingest_time > self.latest {
+            return Some((
+                "ingest_time_in_future",
+                format!(
+                    "ingest_time {} is ahead of this persister's clock by more than persist.max_clock_skew (latest accepted: {})",
+                    row.ingest_time, self.latest
+                ),
+            ));
+        }
+        None
+    }
 }
 
 /// Fields that name the event time, in order of preference.
@@ -152,7 +236,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
 }
 
 fn dead(origin: Origin, reason: &'static str, error: String, payload: Option<&[u8]>) -> Parsed {
-    Parsed::Dead(DeadLetter { origin, reason, error, payload: payload.map(<[u8]>::to_vec) })
+    Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
 }
 
 fn contains_nul(record: &str) -> bool {

@@ -7,7 +7,8 @@
 
 use chrono::{Days, NaiveDate};
 use tokio_postgres::Client;
-use tracing::info;
+use tokio_postgres::error::SqlState;
+use tracing::{info, warn};
 
 use super::PersistError;
 
@@ -52,25 +53,52 @@ pub fn days_ahead(ahead: u32) -> Vec<NaiveDate> {
     (0..=ahead).filter_map(|days| today.checked_add_days(Days::new(u64::from(days)))).collect()
 }
 
-/// Creates the day partitions for `days` that do not exist yet.
+/// Creates the day partitions for `days` that do not exist yet, each in a transaction of its
+/// own. A day that a partition made by someone else already covers (other bounds: PostgreSQL
+/// says the new one would overlap, SQLSTATE 42P17) is left to that partition: the rows go there.
 pub async fn ensure_partitions(client: &Client, days: &[NaiveDate]) -> Result<(), PersistError> {
-    if days.is_empty() {
-        return Ok(());
-    }
-    let mut statements = String::from("BEGIN; SELECT pg_advisory_xact_lock(");
-    statements.push_str(&DDL_LOCK.to_string());
-    statements.push_str(");\n");
     for day in days {
         let next = day.checked_add_days(Days::new(1)).unwrap_or(*day);
-        statements.push_str(&format!(
-            "CREATE TABLE IF NOT EXISTS {} PARTITION OF logs FOR VALUES FROM ('{} 00:00:00+00') TO ('{} 00:00:00+00');\n",
+        let statement = format!(
+            "CREATE TABLE IF NOT EXISTS {} PARTITION OF logs FOR VALUES FROM ('{} 00:00:00+00') TO ('{} 00:00:00+00')",
             partition_name(*day),
             day.format("%Y-%m-%d"),
             next.format("%Y-%m-%d"),
-        ));
+        );
+        match ddl(client, &statement).await {
+            Ok(()) => {}
+            Err(PersistError::Postgres(error)) if error.code() == Some(&SqlState::INVALID_OBJECT_DEFINITION) => {
+                warn!(%day, error = %super::describe_postgres(&error), "a partition of other bounds covers this day; using it");
+            }
+            Err(error) => return Err(error),
+        }
     }
-    statements.push_str("COMMIT;");
-    client.batch_execute(&statements).await.map_err(PersistError::Postgres)
+    Ok(())
+}
+
+/// Runs one DDL statement in its own transaction under the DDL lock. On any error the
+/// transaction is rolled back before returning, so the session is never left aborted
+/// (SQLSTATE 25P02 on every later statement).
+async fn ddl(client: &Client, statement: &str) -> Result<(), PersistError> {
+    let script = format!("BEGIN; SELECT pg_advisory_xact_lock({DDL_LOCK}); {statement}; COMMIT;");
+    match client.batch_execute(&script).await {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            // Harmless if the failed statement already ended the transaction.
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(PersistError::Postgres(error))
+        }
+    }
+}
+
+/// The first day whose partition retention keeps on `today` (`None`: `retention_days = 0`
+/// keeps everything). Older partitions are dropped, so a row older than this must not be
+/// written (it would be dropped with its re-created partition, uncounted).
+pub fn retention_cutoff(today: NaiveDate, retention_days: u32) -> Option<NaiveDate> {
+    if retention_days == 0 {
+        return None;
+    }
+    Some(today.checked_sub_days(Days::new(u64::from(retention_days))).unwrap_or(today))
 }
 
 /// Drops day partitions that ended more than `retention_days` before `today`. Returns their
@@ -80,10 +108,9 @@ pub async fn apply_retention(
     today: NaiveDate,
     retention_days: u32,
 ) -> Result<Vec<String>, PersistError> {
-    if retention_days == 0 {
+    let Some(cutoff) = retention_cutoff(today, retention_days) else {
         return Ok(Vec::new());
-    }
-    let cutoff = today.checked_sub_days(Days::new(u64::from(retention_days))).unwrap_or(today);
+    };
     let rows = client
         .query(
             "SELECT c.relname FROM pg_inherits i \
@@ -103,13 +130,7 @@ pub async fn apply_retention(
             continue;
         };
         if day < cutoff {
-            client
-                .batch_execute(&format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock({DDL_LOCK}); DROP TABLE IF EXISTS {}; COMMIT;",
-                    partition_name(day)
-                ))
-                .await
-                .map_err(PersistError::Postgres)?;
+            ddl(client, &format!("DROP TABLE IF EXISTS {}", partition_name(day))).await?;
             info!(partition = %name, "dropped partition past retention");
             dropped.push(name);
         }

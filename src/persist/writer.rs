@@ -175,7 +175,20 @@ impl Writer {
     }
 
     /// Writes a batch in one transaction. Idempotent: writing the same batch twice adds nothing.
+    /// After an error the session is rolled back (never left in an aborted transaction) and the
+    /// known partitions are forgotten; a connection that failed reports `!is_usable()`.
     pub async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<Written, PersistError> {
+        let result = self.write_once(rows, dead).await;
+        if result.is_err() {
+            self.partitions.clear();
+            // The transaction object rolls back when dropped; this covers a statement sent
+            // outside one. Harmless when no transaction is open.
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+        result
+    }
+
+    async fn write_once(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<Written, PersistError> {
         let days: Vec<NaiveDate> = rows
             .iter()
             .map(|row| row.ingest_time.date_naive())

@@ -8,6 +8,7 @@ mod hostile;
 mod ingest;
 mod lifecycle;
 mod observability;
+mod persist;
 mod pipeline;
 mod protocols;
 mod reload;

@@ -494,3 +494,40 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, mut probe:
     })
     .await
 }
+
+/// Produces `payloads` to `topic` (partition 0), in order, and waits until Kafka has each.
+pub async fn produce(bootstrap: &str, topic: &str, payloads: &[Vec<u8>]) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    for payload in payloads {
+        let record = FutureRecord::<(), _>::to(topic).partition(0).payload(payload);
+        within(WAIT, "produce", producer.send(record, WAIT)).await.expect("delivered");
+    }
+}
+
+/// An envelope as the agent writes it: record id `id`, ingested at `ingest_time` (RFC 3339), a
+/// JSON record.
+pub fn envelope(id: &str, ingest_time: &str, record: &str) -> Vec<u8> {
+    format!(r#"{{"v":1,"id":"{id}","ingest_time":"{ingest_time}","format":"json","record":{record}}}"#).into_bytes()
+}
+
+/// Now, as an envelope's `ingest_time`.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// The offset consumer group `group` has committed for `topic`/`partition`, if any (asked of
+/// the group coordinator without joining the group).
+pub async fn committed_offset(bootstrap: &str, group: &str, topic: &str, partition: i32) -> Option<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", group).create().expect("consumer");
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    wanted.add_partition(topic, partition);
+    let committed = tokio::task::block_in_place(|| consumer.committed_offsets(wanted, Duration::from_secs(10))).ok()?;
+    committed.find_partition(topic, partition)?.offset().to_raw().filter(|offset| *offset >= 0)
+}

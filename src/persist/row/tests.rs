@@ -108,3 +108,44 @@ fn a_json_record_that_is_not_an_object_has_no_derived_columns() {
         assert_eq!(row.record, JsonText(record.into()));
     }
 }
+
+#[test]
+fn a_dead_letters_error_text_escapes_nul_and_is_cut_at_its_limit() {
+    let letter = DeadLetter::new(origin(), "malformed_envelope", "unknown variant `\u{0}`", None);
+    assert_eq!(letter.error, "unknown variant `\\u0000`");
+    let long = "é".repeat(MAX_ERROR_TEXT);
+    let cut = DeadLetter::new(origin(), "malformed_envelope", &long, None).error;
+    assert!(cut.len() <= MAX_ERROR_TEXT && cut.ends_with('…'), "{} bytes", cut.len());
+    assert_eq!(storable_text("\u{0}\u{0}", 13), "\\u0000…", "an escape is never cut in half");
+}
+
+#[test]
+fn the_ascii_form_of_a_dead_letter_keeps_only_printable_ascii() {
+    let letter = DeadLetter::new(origin(), "rejected_by_postgres", "café ✓\nline", Some(b"x".to_vec()));
+    assert_eq!(letter.ascii_only().error, "caf? ??line");
+    assert_eq!(letter.ascii_only().payload, Some(b"x".to_vec()));
+}
+
+#[test]
+fn a_poison_envelope_with_a_nul_format_is_a_dead_letter_with_storable_text() {
+    let bytes = br#"{"v":1,"id":"a-2","ingest_time":"2026-12-01T00:00:00Z","format":"\u0000","record":{}}"#;
+    let Parsed::Dead(letter) = parse(Some(bytes), origin()) else { panic!("a dead letter") };
+    assert_eq!(letter.reason, "malformed_envelope");
+    assert!(!letter.error.contains('\0') && letter.error.contains("\\u0000"), "{}", letter.error);
+    assert_eq!(letter.payload.as_deref(), Some(&bytes[..]));
+}
+
+#[test]
+fn the_window_refuses_rows_older_than_retention_and_further_ahead_than_the_skew() {
+    let Parsed::Row(row) = parse(Some(&envelope("json", "{}")), origin()) else { panic!("a row") };
+    // The row was ingested at 2026-11-30T01:02:03.000004Z.
+    let day = |text: &str| NaiveDate::parse_from_str(text, "%Y-%m-%d").expect("date");
+    let latest = |text: &str| DateTime::parse_from_rfc3339(text).expect("time").with_timezone(&Utc);
+    let window = Window { oldest_day: Some(day("2026-11-30")), latest: latest("2026-11-30T01:02:03.000004Z") };
+    assert_eq!(window.refuses(&row), None, "the oldest day kept and the latest instant are inside");
+    let later = Window { oldest_day: Some(day("2026-12-01")), ..window };
+    assert_eq!(later.refuses(&row).map(|(reason, _)| reason), Some("expired"));
+    let earlier = Window { latest: latest("2026-11-30T01:02:02Z"), ..window };
+    assert_eq!(earlier.refuses(&row).map(|(reason, _)| reason), Some("ingest_time_in_future"));
+    assert_eq!(Window { oldest_day: None, ..window }.refuses(&row), None, "retention 0 keeps everything");
+}
