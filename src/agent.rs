@@ -245,7 +245,9 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
     for op in ["write", "fsync", "read"] {
         metrics::counter!(telemetry::SPOOL_ERRORS, "op" => op).increment(0);
     }
+    // A damaged region's records cannot be told apart: each counts as one, its bytes as bytes.
     metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(recovered.corrupt_regions);
+    metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(recovered.corrupt_bytes);
     let buffer = Buffer::with_spool(&config.buffer, spool, writer.end());
     Ok((buffer, Some(writer)))
 }

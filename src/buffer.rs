@@ -403,8 +403,13 @@ impl Buffer {
         let count = evicted.len();
         match &self.shared.spool {
             Some(spool) => {
-                // Spooled records: memory is freed, the record stays owed on disk.
-                spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
+                // Spooled records: memory is freed, the record stays owed on disk (unless
+                // drop_oldest deleted its segment meanwhile: then it is lost, and counted).
+                let lost =
+                    spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
+                if lost > 0 {
+                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                }
                 self.shared.ready.notify_one();
             }
             None => {
@@ -461,8 +466,10 @@ impl Buffer {
         self.shared.ready.notify_one();
     }
 
-    /// Where the backlog (disk-only records) ends right now: at the first record in memory, or
-    /// at the end of what was written.
+    /// Where the backlog (disk-only records) ends right now: at the first record still queued
+    /// fresh, or at the end of what was written. Every disk-only record lies before it (records
+    /// leave `fresh` only from its front); records in flight may lie before it too, and the
+    /// spool's ledger makes the reader skip them.
     fn backlog_end(queues: &Queues) -> Option<SpoolPos> {
         queues.fresh.front().and_then(|record| record.pos).or(queues.written_end)
     }
@@ -525,16 +532,6 @@ impl Buffer {
         self.shared.shipping.fetch_sub(bytes, Ordering::Relaxed);
         if self.shared.spool.is_some() {
             self.shared.ready.notify_one();
-        }
-    }
-
-    /// The backlog reader got as far as `next`: the cursor moves there, or is cleared when it
-    /// caught up with the records in memory.
-    pub fn backlog_read_to(&self, next: SpoolPos) {
-        let queues = self.lock();
-        if let Some(spool) = &self.shared.spool {
-            let caught_up = Self::backlog_end(&queues).is_none_or(|end| next >= end);
-            spool.set_backlog(if caught_up { None } else { Some(next) });
         }
     }
 

@@ -201,7 +201,12 @@ impl ShipContext {
         let InFlight { lease, pos, ack, ingest_ms, .. } = in_flight;
         self.buffer.settled(lease.bytes(), ingest_ms);
         match (pos, self.buffer.spool()) {
-            (Some(pos), Some(spool)) => spool.evicted(vec![(pos, ack)]),
+            (Some(pos), Some(spool)) => {
+                let lost = spool.evicted(vec![(pos, ack)]);
+                if lost > 0 {
+                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                }
+            }
             _ => {
                 error!("record not handed to kafka before the drain deadline; dropped and counted");
                 metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
@@ -446,13 +451,8 @@ impl Shipper {
         };
         if batch.corrupt_regions > 0 {
             metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt")
-                .increment(batch.corrupt_regions);
-        }
-        if let Some(spool) = self.buffer.spool() {
-            spool.held(batch.records.iter().map(|record| record.pos));
-        }
-        if let Some(next) = batch.next {
-            self.buffer.backlog_read_to(next);
+                .increment(batch.corrupt_records);
+            metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
         }
         let mut records = batch.records.into_iter();
         while let Some(record) = records.next() {
@@ -462,7 +462,11 @@ impl Shipper {
                 // back to the backlog with the rest (read again next time).
                 let rest: Vec<_> = std::iter::once(record).chain(records).map(|record| (record.pos, None)).collect();
                 if let Some(spool) = self.buffer.spool() {
-                    spool.evicted(rest);
+                    let lost = spool.evicted(rest);
+                    if lost > 0 {
+                        metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
+                            .increment(lost);
+                    }
                 }
                 break;
             };

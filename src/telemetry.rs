@@ -62,6 +62,11 @@ pub const SPOOL_RECORDS: &str = "sluice_spool_records";
 pub const SPOOL_ERRORS: &str = "sluice_spool_errors_total";
 /// Records recovered from the spool at start-up.
 pub const SPOOL_RECOVERED: &str = "sluice_spool_recovered_records_total";
+/// Bytes of spool data skipped as damaged (at start-up, and behind damage found while reading
+/// the backlog). The records lost are in `sluice_buffer_records_dropped_total{reason="corrupt"}`:
+/// exact when found while reading, one per damaged region at start-up (where a damaged frame's
+/// records cannot be counted).
+pub const SPOOL_CORRUPT_BYTES: &str = "sluice_spool_corrupt_bytes_total";
 
 // ---- agent: ship
 /// Records acknowledged by Kafka (acks=all).
@@ -247,6 +252,7 @@ fn describe_all() {
     describe_gauge!(SPOOL_RECORDS, "Records in the spool not yet acknowledged by Kafka.");
     describe_counter!(SPOOL_ERRORS, "Spool I/O failures, by op.");
     describe_counter!(SPOOL_RECOVERED, "Records recovered from the spool at start-up.");
+    describe_counter!(SPOOL_CORRUPT_BYTES, Unit::Bytes, "Bytes of spool data skipped as damaged.");
     describe_counter!(SHIP_DELIVERED, "Records acknowledged by Kafka.");
     describe_counter!(SHIP_DELIVERED_BYTES, Unit::Bytes, "Bytes of records acknowledged by Kafka.");
     describe_counter!(SHIP_DELIVERY_ERRORS, "Failed Kafka delivery reports, by reason.");

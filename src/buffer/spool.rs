@@ -6,11 +6,14 @@
 //! bookkeeping that decides when a segment may be deleted, the disk cap, and reading the backlog
 //! back in order.
 //!
-//! A segment is deleted only when it is sealed, none of its records is held in memory or in
-//! flight (`outstanding == 0`), and the backlog cursor has moved past it — so every record in it
-//! was acknowledged (or counted as dropped). After a crash the whole of every remaining segment
-//! is sent again: duplicates in Kafka are possible, losses are not, and the persister's unique
-//! key turns the duplicates into nothing.
+//! The ledger: every record on disk is, at any moment, in exactly one of three states — held in
+//! memory (queued or in flight), disk-only (the backlog: the reader must send it), or finished
+//! (acknowledged by Kafka, or counted as dropped). Two bits per record (by its index in its
+//! segment) say which; the backlog reader sends only disk-only records and marks them held as it
+//! reads them, so no record is ever in memory twice (sent twice, counted delivered twice). A
+//! segment is deleted only when it is sealed and every record in it is finished. After a crash
+//! the whole of every remaining segment is sent again: duplicates in Kafka are possible, losses
+//! are not, and the persister's unique key turns the duplicates into nothing.
 //!
 //! Must not: be called from a reader task (everything here does file I/O and runs on the
 //! blocking pool or the delivery thread), delete a segment with an unacknowledged record, or
@@ -32,19 +35,48 @@ use super::segment::{self, HEADER};
 #[cfg(test)]
 mod tests;
 
-/// Where a record sits in the spool. Ordered: segment, then byte offset.
+/// Where a record sits in the spool. Ordered: segment, then byte offset (the index grows with
+/// the offset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SpoolPos {
     /// Segment number (the file name).
     pub segment: u64,
     /// Byte offset of the record's frame in the segment.
     pub offset: u64,
+    /// The record's number in its segment (0, 1, 2…): its place in the ledger.
+    pub index: u32,
 }
 
 impl SpoolPos {
     /// The first record position of a segment.
     pub fn start_of(segment: u64) -> Self {
-        Self { segment, offset: HEADER.len() as u64 }
+        Self { segment, offset: HEADER.len() as u64, index: 0 }
+    }
+}
+
+/// One bit per record of a segment. Hand-written: two words of logic, and the ledger is the
+/// product's core.
+#[derive(Debug, Default, Clone)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn get(&self, index: u32) -> bool {
+        self.0.get(index as usize / 64).is_some_and(|word| word & (1 << (index % 64)) != 0)
+    }
+
+    fn set(&mut self, index: u32, on: bool) {
+        let word = index as usize / 64;
+        if word >= self.0.len() {
+            if !on {
+                return;
+            }
+            self.0.resize(word + 1, 0);
+        }
+        if on {
+            self.0[word] |= 1 << (index % 64);
+        } else {
+            self.0[word] &= !(1 << (index % 64));
+        }
     }
 }
 
@@ -81,6 +113,10 @@ pub struct Recovered {
     pub records: u64,
     /// Damaged regions skipped (each lost at least one record).
     pub corrupt_regions: u64,
+    /// Bytes of those regions: how many records they held cannot be known (their frames are
+    /// what is damaged), so each region counts as one dropped record and its bytes are counted
+    /// in `sluice_spool_corrupt_bytes_total`.
+    pub corrupt_bytes: u64,
     /// Files moved to the quarantine directory.
     pub quarantined: Vec<PathBuf>,
 }
@@ -91,14 +127,61 @@ struct SegmentState {
     first_ingest_ms: Option<u64>,
     /// Records written to the segment (or found intact at start-up).
     records: u64,
-    /// Records acknowledged by Kafka or counted as dropped.
+    /// Records finished: acknowledged by Kafka or counted as dropped.
     done: u64,
-    /// Records held in memory (queued or in flight), not yet done.
+    /// Records held in memory (queued or in flight), not finished.
     outstanding: u64,
     /// File size.
     bytes: u64,
     /// No more records will be appended.
     sealed: bool,
+    /// Per record: held in memory. Neither this nor `finished`: disk-only.
+    in_memory: Bits,
+    /// Per record: finished; never sent, read or counted again.
+    finished: Bits,
+}
+
+impl SegmentState {
+    fn disk_only(&self, index: u32) -> bool {
+        !self.in_memory.get(index) && !self.finished.get(index)
+    }
+
+    /// The record is in memory now (written, or read back). False if it already was, or is
+    /// finished.
+    fn hold(&mut self, index: u32) -> bool {
+        if !self.disk_only(index) {
+            return false;
+        }
+        self.in_memory.set(index, true);
+        self.outstanding += 1;
+        true
+    }
+
+    /// The record left memory unfinished: disk-only again. False if it was not in memory.
+    fn release(&mut self, index: u32) -> bool {
+        if !self.in_memory.get(index) {
+            return false;
+        }
+        self.in_memory.set(index, false);
+        self.outstanding = self.outstanding.saturating_sub(1);
+        true
+    }
+
+    /// The record is finished. False if it already was (it must not count twice).
+    fn finish(&mut self, index: u32) -> bool {
+        if self.finished.get(index) {
+            return false;
+        }
+        self.release(index);
+        self.finished.set(index, true);
+        self.done += 1;
+        true
+    }
+
+    /// Every record is finished and none will be added: the file may go.
+    fn deletable(&self) -> bool {
+        self.sealed && self.done >= self.records
+    }
 }
 
 #[derive(Default)]
@@ -107,9 +190,12 @@ struct State {
     /// `delivered` acks of records evicted to the backlog, settled when they are delivered.
     parked_acks: HashMap<SpoolPos, Ack>,
     disk_bytes: u64,
-    /// First record that exists only on disk; `None` when every record on disk is in memory
-    /// or done.
+    /// Where the backlog reader looks next: no disk-only record lies before it. `None` when
+    /// nothing has been evicted since the reader last caught up.
     backlog: Option<SpoolPos>,
+    /// The lowest position evicted while a backlog read was under way: the reader's cursor must
+    /// not move past it.
+    lowered: Option<SpoolPos>,
 }
 
 /// The spool's shared state. See the module documentation.
@@ -190,24 +276,30 @@ impl Spool {
         self.lock().backlog
     }
 
-    /// Records are in memory again (read back from disk): they count as outstanding.
-    pub fn held(&self, positions: impl IntoIterator<Item = SpoolPos>) {
-        let mut state = self.lock();
-        for pos in positions {
-            if let Some(segment) = state.segments.get_mut(&pos.segment) {
-                segment.outstanding += 1;
-            }
-        }
-    }
-
-    /// Records left memory without being done (evicted under memory pressure): they are
-    /// disk-only again. Acks waiting for their delivery are parked until then.
-    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) {
+    /// Records left memory without being finished (evicted under memory pressure, or not
+    /// handed to Kafka): they are disk-only again, and the backlog reader will send them. Acks
+    /// waiting for their delivery are parked until then. Returns how many could not go back
+    /// because `drop_oldest` deleted their segment meanwhile: they are lost, their acks refused,
+    /// and the caller counts them as `drop_oldest`.
+    #[must_use = "records whose segment was dropped are lost and must be counted"]
+    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) -> u64 {
         let mut state = self.lock();
         let mut first = None;
+        let mut lost = 0;
         for (pos, ack) in records {
-            if let Some(segment) = state.segments.get_mut(&pos.segment) {
-                segment.outstanding = segment.outstanding.saturating_sub(1);
+            let Some(segment) = state.segments.get_mut(&pos.segment) else {
+                lost += 1;
+                if let Some(ack) = ack {
+                    ack.refused("drop_oldest");
+                }
+                continue;
+            };
+            if !segment.release(pos.index) {
+                // Not in memory (never, or finished): nothing changes on disk.
+                if let Some(ack) = ack {
+                    state.parked_acks.insert(pos, ack);
+                }
+                continue;
             }
             if let Some(ack) = ack {
                 state.parked_acks.insert(pos, ack);
@@ -216,24 +308,25 @@ impl Spool {
         }
         if let Some(first) = first {
             state.backlog = Some(state.backlog.map_or(first, |backlog| backlog.min(first)));
+            state.lowered = Some(state.lowered.map_or(first, |lowered| lowered.min(first)));
         }
+        lost
     }
 
-    /// A record is acknowledged by Kafka or counted as dropped. Returns whether a segment became
-    /// deletable (the caller then runs [`Spool::delete_done`] off the runtime) and the record's
-    /// parked ack, if it had one.
+    /// A record is acknowledged by Kafka or counted as dropped. Returns whether its segment
+    /// became deletable (the caller then runs [`Spool::delete_done`] off the runtime) and the
+    /// record's parked ack, if it had one. A record finished twice is not counted twice.
     pub fn done(&self, pos: SpoolPos) -> (bool, Option<Ack>) {
         let mut state = self.lock();
         let parked = state.parked_acks.remove(&pos);
         let Some(segment) = state.segments.get_mut(&pos.segment) else {
             return (false, parked); // dropped with its segment meanwhile
         };
-        segment.done += 1;
-        segment.outstanding = segment.outstanding.saturating_sub(1);
-        let backlog = state.backlog;
-        let deletable =
-            state.segments.get(&pos.segment).is_some_and(|segment| deletable(pos.segment, segment, backlog));
-        (deletable, parked)
+        if !segment.finish(pos.index) {
+            warn!(segment = pos.segment, index = pos.index, "a spooled record was settled twice; counted once");
+            return (false, parked);
+        }
+        (segment.deletable(), parked)
     }
 
     /// Ingest time (Unix ms) of the oldest record not yet done, to the resolution of a segment:
@@ -252,11 +345,6 @@ impl Spool {
         self.lock().segments.values().map(|segment| segment.records.saturating_sub(segment.done)).sum()
     }
 
-    /// Moves the backlog cursor (the reader went past records, or caught up: `None`).
-    pub fn set_backlog(&self, backlog: Option<SpoolPos>) {
-        self.lock().backlog = backlog;
-    }
-
     /// Deletes every deletable segment file. Blocking. Returns bytes freed.
     pub fn delete_done(&self) -> u64 {
         let doomed: Vec<(u64, u64)> = {
@@ -264,7 +352,7 @@ impl Spool {
             state
                 .segments
                 .iter()
-                .filter(|(id, segment)| deletable(**id, segment, state.backlog))
+                .filter(|(_, segment)| segment.deletable())
                 .map(|(id, segment)| (*id, segment.bytes))
                 .collect()
         };
@@ -293,6 +381,7 @@ impl Spool {
         let (id, lost) = {
             let mut state = self.lock();
             let (&id, segment) = state.segments.iter().find(|(_, segment)| segment.sealed)?;
+            // Disk-only records are lost; those held in memory are still delivered.
             let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
             let bytes = segment.bytes;
             // Disk-only records of this segment are gone: the cursor moves past it.
@@ -320,6 +409,34 @@ impl Spool {
         Some(DroppedSegment { segment: id, lost })
     }
 
+    /// Damage at `pos` hides the rest of its segment from the reader: its disk-only records
+    /// from there on are finished as lost (records held in memory are still delivered). Returns
+    /// how many, and the bytes skipped.
+    fn lose_rest(&self, pos: SpoolPos) -> (u64, u64) {
+        let mut state = self.lock();
+        let Some(segment) = state.segments.get_mut(&pos.segment) else { return (0, 0) };
+        let skipped_bytes = segment.bytes.saturating_sub(pos.offset);
+        let records = u32::try_from(segment.records).unwrap_or(u32::MAX);
+        let mut lost = 0;
+        for index in pos.index..records {
+            if segment.disk_only(index) && segment.finish(index) {
+                lost += 1;
+            }
+        }
+        let parked: Vec<SpoolPos> = state
+            .parked_acks
+            .keys()
+            .filter(|parked| parked.segment == pos.segment && parked.index >= pos.index)
+            .copied()
+            .collect();
+        for parked in parked {
+            if let Some(ack) = state.parked_acks.remove(&parked) {
+                ack.refused("corrupt");
+            }
+        }
+        (lost, skipped_bytes)
+    }
+
     /// A reader of disk-only records.
     pub fn reader(self: &Arc<Self>) -> SpoolReader {
         SpoolReader { spool: self.clone(), file: None, body: Vec::new() }
@@ -337,10 +454,6 @@ impl Spool {
         std::fs::copy(&source, &target).ok()?;
         Some(target)
     }
-}
-
-fn deletable(id: u64, segment: &SegmentState, backlog: Option<SpoolPos>) -> bool {
-    segment.sealed && segment.outstanding == 0 && backlog.is_none_or(|backlog| id < backlog.segment)
 }
 
 fn quarantine_suffix() -> String {
@@ -382,6 +495,7 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
         "damaged spool segment: intact records kept, original moved to quarantine"
     );
     recovered.corrupt_regions += report.corrupt_regions;
+    recovered.corrupt_bytes += report.corrupt_bytes;
     recovered.quarantined.push(target);
     Ok((report.frames.len() as u64, clean.len() as u64, first_ingest_ms))
 }
@@ -394,6 +508,8 @@ pub struct SpoolWriter {
     first_ingest_ms: Option<u64>,
     segment: u64,
     offset: u64,
+    /// The index the next record gets in the active segment.
+    index: u32,
     unsynced: bool,
     last_sync: Instant,
     scratch: Vec<u8>,
@@ -403,10 +519,17 @@ impl SpoolWriter {
     fn create(spool: Arc<Spool>, segment: u64) -> io::Result<Self> {
         let path = segment_path(&spool.config.dir, segment);
         let mut file = OpenOptions::new().create_new(true).write(true).open(&path)?;
-        file.write_all(HEADER)?;
-        if spool.config.fsync != Fsync::Never {
-            file.sync_data()?;
-            sync_dir(&spool.config.dir)?;
+        let started = file.write_all(HEADER).and_then(|()| {
+            if spool.config.fsync != Fsync::Never {
+                file.sync_data()?;
+                sync_dir(&spool.config.dir)?;
+            }
+            Ok(())
+        });
+        if let Err(error) = started {
+            // A half-made file would make every later attempt fail (`create_new`).
+            let _ = std::fs::remove_file(&path);
+            return Err(error);
         }
         {
             let mut state = spool.lock();
@@ -419,6 +542,7 @@ impl SpoolWriter {
             first_ingest_ms: None,
             segment,
             offset: HEADER.len() as u64,
+            index: 0,
             unsynced: false,
             last_sync: Instant::now(),
             scratch: Vec::new(),
@@ -427,7 +551,7 @@ impl SpoolWriter {
 
     /// The position the next record will get.
     pub fn end(&self) -> SpoolPos {
-        SpoolPos { segment: self.segment, offset: self.offset }
+        SpoolPos { segment: self.segment, offset: self.offset, index: self.index }
     }
 
     /// True if `bytes` more fit under the cap.
@@ -454,7 +578,8 @@ impl SpoolWriter {
                     return (positions, Some(error));
                 }
             }
-            pending.push(SpoolPos { segment: self.segment, offset: self.offset });
+            pending.push(self.end());
+            self.index += 1;
             if self.first_ingest_ms.is_none() {
                 self.first_ingest_ms = Some(*ingest_ms);
             }
@@ -485,6 +610,7 @@ impl SpoolWriter {
             let _ = self.file.set_len(start);
             let _ = self.file.seek(SeekFrom::Start(start));
             self.offset = start;
+            self.index -= records as u32;
             self.scratch.clear();
             return Err(error);
         }
@@ -492,8 +618,12 @@ impl SpoolWriter {
         let mut state = self.spool.lock();
         state.disk_bytes += self.scratch.len() as u64;
         if let Some(segment) = state.segments.get_mut(&self.segment) {
+            // The caller holds the written records in memory.
+            let first = self.index - records as u32;
+            for index in first..self.index {
+                segment.hold(index);
+            }
             segment.records += records;
-            segment.outstanding += records;
             segment.bytes += self.scratch.len() as u64;
             segment.first_ingest_ms = segment.first_ingest_ms.or(self.first_ingest_ms);
         }
@@ -506,10 +636,12 @@ impl SpoolWriter {
         if self.spool.config.fsync != Fsync::Never {
             self.sync()?;
         }
+        // The next segment first: if it cannot be made, this one stays active (and unsealed:
+        // a sealed segment whose records are all finished is deleted).
+        let next = Self::create(self.spool.clone(), self.segment + 1)?;
         if let Some(segment) = self.spool.lock().segments.get_mut(&self.segment) {
             segment.sealed = true;
         }
-        let next = Self::create(self.spool.clone(), self.segment + 1)?;
         *self = next;
         Ok(())
     }
@@ -574,10 +706,17 @@ pub struct DiskRecord {
 /// What one read of the backlog returned.
 #[derive(Debug, Default)]
 pub struct ReadBatch {
-    /// Records, in order.
+    /// Disk-only records, in order; the ledger holds them in memory from now on (a record the
+    /// caller cannot send goes back with [`Spool::evicted`]).
     pub records: Vec<DiskRecord>,
-    /// Damaged regions met on the way (already quarantined; counted by the caller).
+    /// Damaged regions met on the way (already quarantined).
     pub corrupt_regions: u64,
+    /// Disk-only records lost behind damage (each region skips the rest of its segment);
+    /// counted by the caller as `reason="corrupt"`. Exact: the ledger knows what each segment
+    /// holds.
+    pub corrupt_records: u64,
+    /// Bytes of the segments skipped behind damage.
+    pub corrupt_bytes: u64,
     /// The position after the last record read or skipped.
     pub next: Option<SpoolPos>,
 }
@@ -590,8 +729,11 @@ pub struct SpoolReader {
 }
 
 impl SpoolReader {
-    /// Reads records from `from` while their position is below `upto`, stopping after
-    /// `max_records` records or `max_bytes` payload bytes. Blocking.
+    /// Reads the disk-only records from `from` while their position is below `upto`, stopping
+    /// after `max_records` records or `max_bytes` bytes looked at (records skipped because they
+    /// are in memory or finished count too, so one read is bounded). Marks each record returned
+    /// as held in memory, and moves the backlog cursor to where it stopped (or to a lower record
+    /// evicted meanwhile). Blocking.
     pub fn read(
         &mut self,
         from: SpoolPos,
@@ -599,6 +741,22 @@ impl SpoolReader {
         max_records: usize,
         max_bytes: usize,
     ) -> io::Result<ReadBatch> {
+        self.spool.lock().lowered = None;
+        let result = self.scan(from, upto, max_records, max_bytes);
+        let mut state = self.spool.lock();
+        let next = match &result {
+            Ok(batch) => batch.next,
+            Err(_) => None,
+        };
+        if let Some(next) = next {
+            // An eviction during the read may have put a record behind where it stopped.
+            let cursor = state.lowered.map_or(next, |lowered| lowered.min(next));
+            state.backlog = Some(cursor);
+        }
+        result
+    }
+
+    fn scan(&mut self, from: SpoolPos, upto: SpoolPos, max_records: usize, max_bytes: usize) -> io::Result<ReadBatch> {
         let mut batch = ReadBatch::default();
         let mut pos = from;
         let mut bytes = 0;
@@ -620,19 +778,22 @@ impl SpoolReader {
             match segment::read_frame(reader, &mut self.body, max_body) {
                 Ok(true) => {
                     let Some(frame) = segment::body_frame(&self.body) else { break };
-                    let record = DiskRecord {
-                        pos,
-                        ingest_ms: frame.ingest_ms,
-                        key: frame.key.map(Bytes::copy_from_slice),
-                        payload: Bytes::copy_from_slice(frame.payload),
-                    };
-                    bytes += record.payload.len();
                     let len = (segment::FRAME_OVERHEAD + self.body.len()) as u64;
+                    bytes += len as usize;
+                    let taken = self.spool.lock().segments.get_mut(&pos.segment).is_some_and(|s| s.hold(pos.index));
+                    if taken {
+                        batch.records.push(DiskRecord {
+                            pos,
+                            ingest_ms: frame.ingest_ms,
+                            key: frame.key.map(Bytes::copy_from_slice),
+                            payload: Bytes::copy_from_slice(frame.payload),
+                        });
+                    }
                     pos.offset += len;
+                    pos.index += 1;
                     if let Some((_, _, offset)) = self.file.as_mut() {
                         *offset += len;
                     }
-                    batch.records.push(record);
                 }
                 Ok(false) => {
                     // End of this segment; the writer only moves on after sealing it.
@@ -644,13 +805,17 @@ impl SpoolReader {
                 Err(segment::ReadError::Io(error)) => return Err(error),
                 Err(segment::ReadError::Corrupt) => {
                     let quarantined = self.spool.quarantine_copy(pos.segment);
+                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
                     error!(
                         segment = pos.segment,
                         offset = pos.offset,
+                        lost,
                         quarantined = ?quarantined,
-                        "damaged spool record; the rest of the segment is skipped"
+                        "damaged spool record; the rest of the segment is skipped and its disk-only records counted as lost"
                     );
                     batch.corrupt_regions += 1;
+                    batch.corrupt_records += lost;
+                    batch.corrupt_bytes += skipped_bytes;
                     match self.next_segment(pos.segment) {
                         Some(next) => pos = next,
                         None => break,

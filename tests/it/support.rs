@@ -531,3 +531,69 @@ pub async fn committed_offset(bootstrap: &str, group: &str, topic: &str, partiti
     let committed = tokio::task::block_in_place(|| consumer.committed_offsets(wanted, Duration::from_secs(10))).ok()?;
     committed.find_partition(topic, partition)?.offset().to_raw().filter(|offset| *offset >= 0)
 }
+
+/// What a topic holds, read from offset 0 to its end: how many messages, and the record id and
+/// app payload of each (envelopes; a message that is not one is kept with an empty id).
+pub struct TopicContents {
+    pub messages: u64,
+    pub ids: Vec<String>,
+    pub payloads: Vec<String>,
+}
+
+impl TopicContents {
+    pub fn distinct_ids(&self) -> usize {
+        self.ids.iter().collect::<std::collections::HashSet<_>>().len()
+    }
+}
+
+/// Reads all of `topic` on the broker at `bootstrap` (every partition, from its low watermark to
+/// its high watermark as they are now).
+pub async fn read_topic(bootstrap: &str, topic: &str) -> TopicContents {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10)).expect("metadata");
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        let mut remaining = 0u64;
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let (low, high) =
+                consumer.fetch_watermarks(&topic, partition.id(), Duration::from_secs(10)).expect("watermarks");
+            if high > low {
+                assignment.add_partition_offset(&topic, partition.id(), rdkafka::Offset::Offset(low)).expect("offset");
+                remaining += (high - low) as u64;
+            }
+        }
+        let mut contents = TopicContents { messages: 0, ids: Vec::new(), payloads: Vec::new() };
+        if remaining > 0 {
+            consumer.assign(&assignment).expect("assign");
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while contents.messages < remaining {
+            assert!(Instant::now() < deadline, "read {} of {remaining} messages of {topic}", contents.messages);
+            let Some(message) = consumer.poll(Duration::from_secs(1)) else { continue };
+            let message = message.expect("message");
+            contents.messages += 1;
+            let value = message.payload().unwrap_or_default();
+            match sluice::envelope::Envelope::parse(value) {
+                Ok(envelope) => {
+                    contents.payloads.push(envelope.payload().map(|p| p.into_owned()).unwrap_or_default());
+                    contents.ids.push(envelope.id.into_owned());
+                }
+                Err(_) => {
+                    contents.payloads.push(String::from_utf8_lossy(value).into_owned());
+                    contents.ids.push(String::new());
+                }
+            }
+        }
+        contents
+    })
+    .await
+    .expect("reader task")
+}

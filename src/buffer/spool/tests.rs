@@ -47,6 +47,8 @@ fn records_written_come_back_in_order_across_segments() {
     let data = payloads(40);
     let positions = append_all(&mut writer, &data);
     assert!(segment_files(dir.path()).len() > 3, "small segments roll");
+    assert!(read_all(&spool, positions[0], writer.end()).records.is_empty(), "written records are held in memory");
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
     let batch = read_all(&spool, positions[0], writer.end());
     let read: Vec<_> = batch.records.iter().map(|r| r.payload.to_vec()).collect();
     assert_eq!(read, data);
@@ -98,7 +100,7 @@ fn evicted_records_become_backlog_and_their_segment_waits_for_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
     let positions = append_all(&mut writer, &payloads(40));
-    spool.evicted(positions[..10].iter().map(|p| (*p, None)).collect());
+    assert_eq!(spool.evicted(positions[..10].iter().map(|p| (*p, None)).collect()), 0);
     assert_eq!(spool.backlog(), Some(positions[0]));
     for pos in &positions[10..] {
         spool.done(*pos);
@@ -107,8 +109,6 @@ fn evicted_records_become_backlog_and_their_segment_waits_for_them() {
     assert!(segment_path(dir.path(), positions[0].segment).exists(), "evicted records are still owed");
     let batch = read_all(&spool, positions[0], positions[10]);
     assert_eq!(batch.records.len(), 10);
-    spool.held(batch.records.iter().map(|r| r.pos));
-    spool.set_backlog(None);
     for record in &batch.records {
         spool.done(record.pos);
     }
@@ -124,7 +124,7 @@ fn drop_oldest_deletes_the_oldest_segment_and_reports_its_disk_only_records() {
     let first = positions[0].segment;
     let in_first = positions.iter().filter(|p| p.segment == first).count() as u64;
     // Two records of the first segment are in memory, one is done, the rest disk-only.
-    spool.evicted(positions[3..in_first as usize].iter().map(|p| (*p, None)).collect());
+    assert_eq!(spool.evicted(positions[3..in_first as usize].iter().map(|p| (*p, None)).collect()), 0);
     spool.done(positions[0]);
     let before = spool.disk_bytes();
     let dropped = spool.drop_oldest().expect("a sealed segment");
@@ -177,7 +177,7 @@ fn damage_found_while_reading_skips_the_rest_of_that_segment_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
     let positions = append_all(&mut writer, &payloads(40));
-    spool.evicted(positions.iter().map(|p| (*p, None)).collect());
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
     let victim = positions[1];
     let path = segment_path(dir.path(), victim.segment);
     let mut data = std::fs::read(&path).expect("read");
@@ -218,4 +218,48 @@ fn the_oldest_undelivered_record_is_known_to_the_resolution_of_a_segment_even_af
     }
     let (spool, _writer, _) = Spool::open(config(dir.path())).expect("reopen");
     assert_eq!(spool.oldest_undelivered_ms(), Some(1_000), "nothing was deleted, so everything is owed again");
+}
+
+/// Issue 12, item 7: damage found while reading skipped the rest of its segment but counted one
+/// `corrupt`; every disk-only record it hides is counted now, and the segment can still go.
+#[test]
+fn damage_found_while_reading_counts_every_disk_only_record_it_hides() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    let first = positions[0].segment;
+    let in_first = positions.iter().filter(|p| p.segment == first).count() as u64;
+    assert!(in_first >= 4, "{in_first} records in the first segment");
+    // Record 3 is in flight (held in memory); every other record is disk-only.
+    let disk_only: Vec<_> = positions.iter().filter(|p| **p != positions[3]).map(|p| (*p, None)).collect();
+    assert_eq!(spool.evicted(disk_only), 0);
+    let path = segment_path(dir.path(), first);
+    let mut data = std::fs::read(&path).expect("read");
+    data[positions[1].offset as usize + 10] ^= 0xFF;
+    std::fs::write(&path, &data).expect("write");
+
+    let batch = read_all(&spool, positions[0], writer.end());
+    assert_eq!(batch.corrupt_regions, 1);
+    // Records 1.. of the first segment are hidden; record 3 is in memory and still delivered.
+    assert_eq!(batch.corrupt_records, in_first - 2);
+    assert_eq!(batch.records.len() as u64, 40 - (in_first - 1));
+    for record in &batch.records {
+        spool.done(record.pos);
+    }
+    assert_eq!(spool.undelivered(), 1, "only the record in flight is owed");
+    let (deletable, _) = spool.done(positions[3]);
+    assert!(deletable, "every record of the damaged segment is finished");
+    spool.delete_done();
+    assert!(!path.exists());
+    assert_eq!(spool.undelivered(), 0);
+}
+
+#[test]
+fn a_record_settled_twice_is_counted_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(3));
+    spool.done(positions[0]);
+    spool.done(positions[0]);
+    assert_eq!(spool.undelivered(), 2);
 }
