@@ -679,6 +679,10 @@ const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("group.id", "persist.group_id"),
     ("enable.auto.commit", "(managed by the persister)"),
     ("enable.auto.offset.store", "(managed by the persister)"),
+    // librdkafka verifies brokers' certificates and host names by default; there is no sluice
+    // key to turn that off, so neither may a pass-through map.
+    ("enable.ssl.certificate.verification", "(always verified)"),
+    ("ssl.endpoint.identification.algorithm", "(always verified)"),
 ];
 
 /// Smallest spool accepted: a few segments.

@@ -141,6 +141,17 @@ fn refuses_pass_through_properties_that_would_weaken_delivery() {
 }
 
 #[test]
+fn refuses_pass_through_properties_that_would_weaken_tls_verification() {
+    let key = invalid_key("[kafka.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n");
+    assert_eq!(key, "kafka.properties.\"enable.ssl.certificate.verification\"");
+    let key = invalid_key("[ship.properties]\n\"ssl.endpoint.identification.algorithm\" = \"none\"\n");
+    assert_eq!(key, "ship.properties.\"ssl.endpoint.identification.algorithm\"");
+    let error = Config::from_toml("[persist.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n")
+        .expect_err("managed");
+    assert!(error.to_string().contains("is managed by sluice; use (always verified)"), "{error}");
+}
+
+#[test]
 fn redacts_passwords_and_secret_properties_when_shown() {
     let config = Config::from_toml(
         "[postgres]\nurl = \"postgres://app:hunter2@db:5432/logs\"\n\
