@@ -17,7 +17,10 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+pub mod postgres;
 pub mod reload;
+
+use self::postgres::redact_url_password;
 
 #[cfg(test)]
 mod tests;
@@ -1038,26 +1041,8 @@ pub fn valid_identifier(name: &str) -> bool {
 
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "secret", "token", "jaas", "key.pem", "private"].iter().any(|word| key.contains(word))
-}
-
-/// `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`; a
-/// `password=` key in key/value form is redacted too.
-fn redact_url_password(url: &str) -> String {
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            let userinfo = &rest[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!("{}{}:{}{}", &url[..scheme_end + 3], &userinfo[..colon], REDACTED, &rest[at..]);
-            }
-        }
-    }
-    if let Some(start) = url.find("password=") {
-        let value_start = start + "password=".len();
-        let value_end = url[value_start..].find([' ', '&']).map_or(url.len(), |i| value_start + i);
-        return format!("{}{}{}", &url[..value_start], REDACTED, &url[value_end..]);
-    }
-    url.to_string()
+    // `sasl.oauthbearer.config` carries client ids and secrets as `key=value` pairs.
+    ["password", "secret", "token", "jaas", "key.pem", "private", "oauthbearer.config"]
+        .iter()
+        .any(|word| key.contains(word))
 }

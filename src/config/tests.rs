@@ -176,6 +176,66 @@ fn redacts_a_password_given_in_key_value_form() {
 }
 
 #[test]
+fn redacts_the_oauthbearer_config_which_carries_client_secrets() {
+    let config = Config::from_toml(
+        "[kafka.properties]\n\"sasl.oauthbearer.config\" = \"principal=sluice clientSecret=hunter2\"\n",
+    )
+    .expect("valid");
+    let shown = config.to_redacted_toml();
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("\"sasl.oauthbearer.config\" = \"<redacted>\""), "{shown}");
+}
+
+#[test]
+fn redacts_a_quoted_key_value_password_with_spaces_and_keeps_the_other_keys() {
+    assert_eq!(redact_url_password("host=x password='a b c' user=y"), "host=x password=<redacted> user=y");
+    assert_eq!(
+        redact_url_password(r"host=x password='it\'s a secret' user=y"),
+        "host=x password=<redacted> user=y",
+        "an escaped quote does not end the value"
+    );
+    assert_eq!(redact_url_password(r"password=back\ slash user=y"), "password=<redacted> user=y");
+}
+
+#[test]
+fn redacts_a_key_value_password_with_spaces_around_the_equals_sign() {
+    assert_eq!(redact_url_password("host=x password = hunter2 user=y"), "host=x password = <redacted> user=y");
+    assert_eq!(redact_url_password("password  =  'a b'"), "password  =  <redacted>");
+    assert_eq!(redact_url_password("host=x passfile=/p user=password"), "host=x passfile=/p user=password");
+}
+
+#[test]
+fn redacts_every_password_a_url_can_carry() {
+    assert_eq!(redact_url_password("postgres://app:hunter2@db:5432/logs"), "postgres://app:<redacted>@db:5432/logs");
+    assert_eq!(
+        redact_url_password("postgresql://app:hun/ter2@db/logs"),
+        "postgresql://app:<redacted>@db/logs",
+        "tokio-postgres reads the credentials up to the first @, even past a /"
+    );
+    assert_eq!(
+        redact_url_password("postgres://app@db/logs?sslmode=require&password=hunter2&application_name=x"),
+        "postgres://app@db/logs?sslmode=require&password=<redacted>&application_name=x"
+    );
+    assert_eq!(
+        redact_url_password("postgres://app:one@db/logs?pass%77ord=two"),
+        "postgres://app:<redacted>@db/logs?pass%77ord=<redacted>",
+        "parameter names are percent-decoded"
+    );
+    assert_eq!(redact_url_password("postgres://db/logs?sslmode=require"), "postgres://db/logs?sslmode=require");
+}
+
+#[test]
+fn a_password_that_cannot_be_read_hides_the_rest_of_the_string() {
+    assert_eq!(redact_url_password("host=x password='never closed user=y"), "host=x password=<redacted>");
+    assert_eq!(redact_url_password("host=x =y password=hunter2"), "host=x <redacted>");
+    assert_eq!(redact_url_password("host=x password hunter2"), "host=x <redacted>");
+    assert_eq!(
+        redact_url_password("postgres://db/logs?sslmode=require&password"),
+        "postgres://db/logs?sslmode=require&<redacted>"
+    );
+}
+
+#[test]
 fn the_redacted_output_is_itself_a_valid_config() {
     let config = Config::from_toml("[buffer]\nmax_bytes = \"16 MiB\"\n").expect("valid");
     let again = Config::from_toml(&config.to_redacted_toml()).expect("round trip");
