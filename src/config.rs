@@ -645,9 +645,10 @@ pub struct PostgresConfig {
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// The CA certificate (PEM) that signed the server's certificate, when it is not one the
-    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` (the default: TLS
-    /// when the server offers it) or `require`; with TLS the certificate and host name are
-    /// always verified.
+    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` or `require`. A URL
+    /// without `sslmode` means `require` when `ca_file` is set and `prefer` (TLS when the server
+    /// offers it, plaintext otherwise) when not. With TLS the certificate and host name are
+    /// always verified (libpq's `verify-full`). `sluice check-config` says which applies.
     pub ca_file: Option<PathBuf>,
 }
 

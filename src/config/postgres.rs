@@ -1,9 +1,9 @@
-//! `postgres.url` read the way tokio-postgres reads it, to find the password (hidden when the
-//! config is shown).
+//! `postgres.url` read the way tokio-postgres reads it, for two questions: which TLS mode the
+//! persister connects with, and where the password is (to hide it when the config is shown).
 //!
-//! Owns: finding passwords in both forms of connection string (`postgres://…` URLs and libpq's
-//! `key=value` form). Must not: connect, or decide anything else about the URL (tokio-postgres
-//! parses it for connecting).
+//! Owns: the effective `sslmode` and its one-line description, and finding passwords in both
+//! forms of connection string (`postgres://…` URLs and libpq's `key=value` form). Must not:
+//! connect, or decide anything else about the URL (tokio-postgres parses it for connecting).
 //!
 //! The reading here mirrors tokio-postgres 0.7's own parser (credentials up to the first `@`,
 //! percent-decoded parameter names, quoted values with backslash escapes), so that whatever the
@@ -14,7 +14,52 @@ use std::iter::Peekable;
 use std::ops::Range;
 use std::str::CharIndices;
 
-use super::REDACTED;
+use tokio_postgres::config::SslMode;
+
+use super::{PostgresConfig, REDACTED};
+
+impl PostgresConfig {
+    /// The TLS mode the persister connects with. The URL's `sslmode` when it sets one; otherwise
+    /// `require` when `ca_file` is given — naming a CA says the server is expected to speak TLS,
+    /// and tokio-postgres' default `prefer` would fall back to plaintext, silently, whenever the
+    /// server (or a man in the middle) answers that it offers none; otherwise `prefer`.
+    ///
+    /// Whenever TLS is used, the OpenSSL connector verifies the certificate chain and the host
+    /// name: what libpq calls `verify-full` (tokio-postgres has no weaker verified mode).
+    pub fn ssl_mode(&self) -> SslMode {
+        let parsed = self.url.parse::<tokio_postgres::Config>().map(|config| config.get_ssl_mode());
+        match parsed {
+            Ok(mode) if sets_parameter(&self.url, "sslmode") => mode,
+            _ if self.ca_file.is_some() => SslMode::Require,
+            // An unparseable URL is refused by validation; tokio-postgres' default otherwise.
+            _ => SslMode::Prefer,
+        }
+    }
+
+    /// What TLS to PostgreSQL does with this config, in one line (`sluice check-config`).
+    pub fn describe_tls(&self) -> String {
+        let why = if sets_parameter(&self.url, "sslmode") {
+            "the URL's sslmode"
+        } else if self.ca_file.is_some() {
+            "ca_file is set and the URL sets no sslmode"
+        } else {
+            "the URL sets no sslmode"
+        };
+        let trusted = match &self.ca_file {
+            Some(ca) => format!("the system's CAs and ca_file {}", ca.display()),
+            None => "the system's CAs".to_string(),
+        };
+        match self.ssl_mode() {
+            SslMode::Disable => format!("disabled ({why}): plaintext"),
+            SslMode::Require => format!("required ({why}): certificate and host name verified against {trusted}"),
+            // `prefer`, and any mode a later tokio-postgres adds (the enum is non-exhaustive).
+            _ => format!(
+                "prefer ({why}): certificate and host name verified against {trusted} when the server offers \
+                 TLS; falls back to plaintext if it offers none (sslmode=require or ca_file refuses that)"
+            ),
+        }
+    }
+}
 
 /// `url` with every password replaced by [`REDACTED`]: the one in a URL's user info, a
 /// `password` query parameter, a `password` key in `key=value` form (quoted or not, with or
@@ -34,6 +79,11 @@ pub fn redact_url_password(url: &str) -> String {
         shown.push_str(REDACTED);
     }
     shown
+}
+
+/// True if the connection string sets `key` itself.
+fn sets_parameter(url: &str, key: &str) -> bool {
+    parameters(url).0.iter().any(|parameter| parameter.key == key)
 }
 
 /// One parameter of a connection string: its name as the driver reads it, and where its value is.

@@ -333,3 +333,46 @@ fn secret_kafka_properties_come_from_the_environment_and_are_never_shown() {
     // std::env::set_var is unsafe in edition 2024 and this crate forbids unsafe code, so the
     // positive case runs in a child process: tests/it/cli.rs.
 }
+
+mod postgres_tls {
+    use tokio_postgres::config::SslMode;
+
+    use super::*;
+
+    fn postgres(url: &str, ca_file: Option<&str>) -> PostgresConfig {
+        PostgresConfig { url: url.into(), ca_file: ca_file.map(PathBuf::from), ..PostgresConfig::default() }
+    }
+
+    #[test]
+    fn a_ca_file_without_sslmode_in_the_url_requires_tls() {
+        let config = postgres("postgres://app@db/logs", Some("/ca.crt"));
+        assert_eq!(config.ssl_mode(), SslMode::Require, "prefer would fall back to plaintext");
+        assert_eq!(postgres("host=db user=app", Some("/ca.crt")).ssl_mode(), SslMode::Require);
+        assert_eq!(
+            config.describe_tls(),
+            "required (ca_file is set and the URL sets no sslmode): certificate and host name verified \
+             against the system's CAs and ca_file /ca.crt"
+        );
+    }
+
+    #[test]
+    fn the_urls_sslmode_is_kept_whether_or_not_a_ca_file_is_given() {
+        assert_eq!(postgres("postgres://db/logs?sslmode=prefer", Some("/ca.crt")).ssl_mode(), SslMode::Prefer);
+        assert_eq!(postgres("postgres://db/logs?sslmode=disable", Some("/ca.crt")).ssl_mode(), SslMode::Disable);
+        assert_eq!(postgres("host=db sslmode = require", None).ssl_mode(), SslMode::Require);
+        assert_eq!(
+            postgres("postgres://db/logs?sslmode=require", None).describe_tls(),
+            "required (the URL's sslmode): certificate and host name verified against the system's CAs"
+        );
+        assert_eq!(postgres("host=db sslmode=disable", None).describe_tls(), "disabled (the URL's sslmode): plaintext");
+    }
+
+    #[test]
+    fn without_a_ca_file_or_sslmode_tls_is_preferred_and_the_description_says_it_may_fall_back() {
+        let config = postgres("postgres://app@db/logs", None);
+        assert_eq!(config.ssl_mode(), SslMode::Prefer);
+        let described = config.describe_tls();
+        assert!(described.starts_with("prefer (the URL sets no sslmode)"), "{described}");
+        assert!(described.contains("falls back to plaintext"), "{described}");
+    }
+}
