@@ -154,8 +154,12 @@ impl KafkaConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`). Default `"127.0.0.1:9464"`.
+    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`, `/config`). Default `"127.0.0.1:9464"`.
     pub admin_listen: String,
+    /// Serve `/config` (the running config, secrets redacted) on the admin server: `true` or
+    /// `false`. Unset (the default): only when `admin_listen` is a loopback address; elsewhere
+    /// `/config` answers 403 saying how to enable it.
+    pub admin_config_endpoint: Option<bool>,
     /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
     /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
     #[serde(with = "humantime_serde")]
@@ -164,7 +168,11 @@ pub struct AgentConfig {
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        Self { admin_listen: "127.0.0.1:9464".into(), drain_timeout: Duration::from_secs(20) }
+        Self {
+            admin_listen: "127.0.0.1:9464".into(),
+            admin_config_endpoint: None,
+            drain_timeout: Duration::from_secs(20),
+        }
     }
 }
 
@@ -590,6 +598,9 @@ pub enum KeySource {
 pub struct PersistConfig {
     /// Address of the persister's admin HTTP server. Default `"127.0.0.1:9465"`.
     pub admin_listen: String,
+    /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
+    /// default): only when `admin_listen` is a loopback address.
+    pub admin_config_endpoint: Option<bool>,
     /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails) and commit
     /// their offsets; what is not written by then is re-read by the next owner. Default `20s`.
     #[serde(with = "humantime_serde")]
@@ -618,6 +629,7 @@ impl Default for PersistConfig {
     fn default() -> Self {
         Self {
             admin_listen: "127.0.0.1:9465".into(),
+            admin_config_endpoint: None,
             drain_timeout: Duration::from_secs(20),
             group_id: "sluice-persist".into(),
             batch_max_records: 5000,

@@ -20,6 +20,17 @@ fn an_empty_file_gives_the_documented_defaults() {
     assert_eq!(listener.max_connections, 1024);
     assert_eq!(listener.idle_timeout, Some(Duration::from_secs(600)));
     assert_eq!(config.ingest.max_json_depth, 64);
+    assert_eq!((config.agent.admin_config_endpoint, config.persist.admin_config_endpoint), (None, None));
+}
+
+#[test]
+fn the_admin_config_endpoint_keys_read_a_bool_and_are_shown_only_when_set() {
+    let config = Config::from_toml("[agent]\nadmin_config_endpoint = true\n[persist]\nadmin_config_endpoint = false\n")
+        .expect("valid");
+    assert_eq!((config.agent.admin_config_endpoint, config.persist.admin_config_endpoint), (Some(true), Some(false)));
+    assert!(config.to_redacted_toml().contains("admin_config_endpoint = true"));
+    assert!(!Config::default().to_redacted_toml().contains("admin_config_endpoint"), "unset is left out");
+    assert!(Config::from_toml("[agent]\nadmin_config_endpoint = \"yes\"\n").is_err());
 }
 
 #[test]
