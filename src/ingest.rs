@@ -252,7 +252,7 @@ pub fn bind_all(config: &IngestConfig) -> Result<Vec<Listener>, IngestError> {
 impl Listener {
     /// Binds the socket: creates the directory, removes a stale socket left by a previous run
     /// (never a regular file, never a socket someone still listens on), binds, sets mode and
-    /// group — in that order, but out of sight until it is done ([`bind_private`]).
+    /// group — in that order, but out of sight until it is done (see `bind_private`).
     pub fn bind(name: &str, config: &ListenerConfig) -> Result<Self, IngestError> {
         let path = config.socket.clone();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
