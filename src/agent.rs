@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::admin::{AdminError, AdminServer, ConfigView, ReadinessCheck};
+use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ConfigView, ReadinessCheck};
 use crate::buffer::spool::{Spool, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading};
@@ -80,7 +80,7 @@ pub async fn run(
     let pod = PodMetadata::from_env();
     let (buffer, spooler) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
-    let admin = AdminServer::bind(&config.agent.admin_listen).await?;
+    let admin = AdminServer::bind(&config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     let envelopes = EnvelopeWriter::new(&pod);
     info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");

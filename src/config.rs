@@ -17,7 +17,10 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+pub mod postgres;
 pub mod reload;
+
+use self::postgres::redact_url_password;
 
 #[cfg(test)]
 mod tests;
@@ -151,8 +154,12 @@ impl KafkaConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`). Default `"127.0.0.1:9464"`.
+    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`, `/config`). Default `"127.0.0.1:9464"`.
     pub admin_listen: String,
+    /// Serve `/config` (the running config, secrets redacted) on the admin server: `true` or
+    /// `false`. Unset (the default): only when `admin_listen` is a loopback address; elsewhere
+    /// `/config` answers 403 saying how to enable it.
+    pub admin_config_endpoint: Option<bool>,
     /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
     /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
     #[serde(with = "humantime_serde")]
@@ -161,7 +168,11 @@ pub struct AgentConfig {
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        Self { admin_listen: "127.0.0.1:9464".into(), drain_timeout: Duration::from_secs(20) }
+        Self {
+            admin_listen: "127.0.0.1:9464".into(),
+            admin_config_endpoint: None,
+            drain_timeout: Duration::from_secs(20),
+        }
     }
 }
 
@@ -587,6 +598,9 @@ pub enum KeySource {
 pub struct PersistConfig {
     /// Address of the persister's admin HTTP server. Default `"127.0.0.1:9465"`.
     pub admin_listen: String,
+    /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
+    /// default): only when `admin_listen` is a loopback address.
+    pub admin_config_endpoint: Option<bool>,
     /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails) and commit
     /// their offsets; what is not written by then is re-read by the next owner. Default `20s`.
     #[serde(with = "humantime_serde")]
@@ -621,6 +635,7 @@ impl Default for PersistConfig {
     fn default() -> Self {
         Self {
             admin_listen: "127.0.0.1:9465".into(),
+            admin_config_endpoint: None,
             drain_timeout: Duration::from_secs(20),
             group_id: "sluice-persist".into(),
             batch_max_records: 5000,
@@ -649,9 +664,10 @@ pub struct PostgresConfig {
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// The CA certificate (PEM) that signed the server's certificate, when it is not one the
-    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` (the default: TLS
-    /// when the server offers it) or `require`; with TLS the certificate and host name are
-    /// always verified.
+    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` or `require`. A URL
+    /// without `sslmode` means `require` when `ca_file` is set and `prefer` (TLS when the server
+    /// offers it, plaintext otherwise) when not. With TLS the certificate and host name are
+    /// always verified (libpq's `verify-full`). `sluice check-config` says which applies.
     pub ca_file: Option<PathBuf>,
 }
 
@@ -686,6 +702,10 @@ const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("group.id", "persist.group_id"),
     ("enable.auto.commit", "(managed by the persister)"),
     ("enable.auto.offset.store", "(managed by the persister)"),
+    // librdkafka verifies brokers' certificates and host names by default; there is no sluice
+    // key to turn that off, so neither may a pass-through map.
+    ("enable.ssl.certificate.verification", "(always verified)"),
+    ("ssl.endpoint.identification.algorithm", "(always verified)"),
 ];
 
 /// Smallest spool accepted: a few segments.
@@ -1046,26 +1066,8 @@ pub fn valid_identifier(name: &str) -> bool {
 
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "secret", "token", "jaas", "key.pem", "private"].iter().any(|word| key.contains(word))
-}
-
-/// `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`; a
-/// `password=` key in key/value form is redacted too.
-fn redact_url_password(url: &str) -> String {
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            let userinfo = &rest[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!("{}{}:{}{}", &url[..scheme_end + 3], &userinfo[..colon], REDACTED, &rest[at..]);
-            }
-        }
-    }
-    if let Some(start) = url.find("password=") {
-        let value_start = start + "password=".len();
-        let value_end = url[value_start..].find([' ', '&']).map_or(url.len(), |i| value_start + i);
-        return format!("{}{}{}", &url[..value_start], REDACTED, &url[value_end..]);
-    }
-    url.to_string()
+    // `sasl.oauthbearer.config` carries client ids and secrets as `key=value` pairs.
+    ["password", "secret", "token", "jaas", "key.pem", "private", "oauthbearer.config"]
+        .iter()
+        .any(|word| key.contains(word))
 }

@@ -39,6 +39,9 @@ pub mod record;
 pub mod sink;
 pub mod syslog;
 
+#[cfg(test)]
+mod tests;
+
 /// Why a socket could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -249,26 +252,32 @@ pub fn bind_all(config: &IngestConfig) -> Result<Vec<Listener>, IngestError> {
 impl Listener {
     /// Binds the socket: creates the directory, removes a stale socket left by a previous run
     /// (never a regular file, never a socket someone still listens on), binds, sets mode and
-    /// group.
+    /// group — in that order, but out of sight until it is done (see `bind_private`).
     pub fn bind(name: &str, config: &ListenerConfig) -> Result<Self, IngestError> {
         let path = config.socket.clone();
         if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|source| IngestError::CreateDir { path: dir.to_path_buf(), source })?;
         }
+        // An unknown group fails before anything is bound.
+        let gid = match &config.socket_group {
+            Some(group) => Some(
+                group_id(group)
+                    .ok_or_else(|| IngestError::UnknownGroup { listener: name.to_string(), group: group.clone() })?,
+            ),
+            None => None,
+        };
         remove_stale_socket(&path)?;
         let bind_error = |source| IngestError::Bind { path: path.clone(), source };
+        let mode = config.socket_mode_bits();
         let socket = match config.transport() {
-            Transport::Stream => Socket::Stream(UnixListener::bind(&path).map_err(bind_error)?),
-            Transport::Datagram => Socket::Datagram(UnixDatagram::bind(&path).map_err(bind_error)?),
+            Transport::Stream => {
+                Socket::Stream(bind_private(&path, mode, gid, |at| UnixListener::bind(at)).map_err(bind_error)?)
+            }
+            Transport::Datagram => {
+                Socket::Datagram(bind_private(&path, mode, gid, |at| UnixDatagram::bind(at)).map_err(bind_error)?)
+            }
         };
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.socket_mode_bits()))
-            .map_err(bind_error)?;
-        if let Some(group) = &config.socket_group {
-            let gid = group_id(group)
-                .ok_or_else(|| IngestError::UnknownGroup { listener: name.to_string(), group: group.clone() })?;
-            std::os::unix::fs::chown(&path, None, Some(gid)).map_err(bind_error)?;
-        }
         info!(
             listener = name,
             protocol = config.protocol.as_str(),
@@ -375,6 +384,63 @@ fn remove_stale_socket(path: &Path) -> Result<(), IngestError> {
     }
     info!(socket = %path.display(), "removing stale socket from a previous run");
     std::fs::remove_file(path).map_err(|source| IngestError::Bind { path: path.to_path_buf(), source })
+}
+
+/// Binds a socket so that it appears at `path` only with its final mode and group.
+///
+/// `bind()` creates the socket file with the permissions the process umask leaves, and chmod and
+/// chown can only follow; done in place, that leaves a moment in which the socket can be
+/// connected to by whoever the umask let in (with a umask of 000 or 002, other users or any
+/// group), before `socket_mode` and `socket_group` apply. So the socket is bound inside a new
+/// directory only this process can enter (0700, created beside `path`, so on the same
+/// filesystem), given its mode and group there, and then linked into place: a writer finds
+/// either no socket or the finished one.
+///
+/// Why not the umask: setting it around `bind()` would be simpler, but the umask belongs to the
+/// whole process, and a file any other thread created meanwhile (a spool segment) would get it
+/// too. Why a hard link rather than `rename()`: both are atomic, but `rename()` silently replaces
+/// whatever reached `path` since [`remove_stale_socket`] looked (a regular file, another agent's
+/// live socket), and `link()` fails instead, as `bind()` in place would have.
+///
+/// The directory is `.sluice-bind-<pid>-<n>`; one left by a crash of an earlier start with the
+/// same pid (pid 1 in a container) is removed first. `mkdir` fails if the name exists, so the
+/// socket is never bound in a directory this call did not create. The bound path is ~20 bytes
+/// longer than `path`: a `path` close to the 107 bytes a socket address holds may fail to bind.
+fn bind_private<S>(
+    path: &Path,
+    mode: u32,
+    gid: Option<u32>,
+    bind: impl FnOnce(&Path) -> io::Result<S>,
+) -> io::Result<S> {
+    use std::os::unix::fs::DirBuilderExt;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let private = dir.join(format!(".sluice-bind-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    match std::fs::remove_dir_all(&private) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    // A short name: the socket address holds at most 107 bytes of path.
+    let temporary = private.join("s");
+    let bound = bind(&temporary).and_then(|socket| {
+        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))?;
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&temporary, None, Some(gid))?;
+        }
+        std::fs::hard_link(&temporary, path)?;
+        Ok(socket)
+    });
+    // The socket stays reachable through `path` (or was never bound): the private name goes.
+    if let Err(error) = std::fs::remove_file(&temporary)
+        && error.kind() != io::ErrorKind::NotFound
+    {
+        warn!(%error, socket = %temporary.display(), "could not remove the private name of a socket");
+    }
+    if let Err(error) = std::fs::remove_dir(&private) {
+        warn!(%error, directory = %private.display(), "could not remove the directory the socket was bound in");
+    }
+    bound
 }
 
 /// A group given by number or by name (looked up in `/etc/group`: no libc call needed).

@@ -278,6 +278,8 @@ enum Role {
 fn check_config(file: &std::path::Path) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
+            // A TOML comment, so the output stays a config file.
+            println!("# postgres TLS: {}", config.postgres.describe_tls());
             print!("{}", config.to_redacted_toml());
             ExitCode::SUCCESS
         }

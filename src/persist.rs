@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::admin::{AdminError, AdminServer, ReadinessCheck};
+use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ReadinessCheck};
 use crate::config::Config;
 use crate::config::reload::{self, Reloading};
 use crate::telemetry;
@@ -273,7 +273,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), PersistError> {
     telemetry::register_persist_series();
-    let admin = AdminServer::bind(&config.persist.admin_listen).await?;
+    let admin = AdminServer::bind(&config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let database_ok = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));

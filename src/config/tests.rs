@@ -20,6 +20,17 @@ fn an_empty_file_gives_the_documented_defaults() {
     assert_eq!(listener.max_connections, 1024);
     assert_eq!(listener.idle_timeout, Some(Duration::from_secs(600)));
     assert_eq!(config.ingest.max_json_depth, 64);
+    assert_eq!((config.agent.admin_config_endpoint, config.persist.admin_config_endpoint), (None, None));
+}
+
+#[test]
+fn the_admin_config_endpoint_keys_read_a_bool_and_are_shown_only_when_set() {
+    let config = Config::from_toml("[agent]\nadmin_config_endpoint = true\n[persist]\nadmin_config_endpoint = false\n")
+        .expect("valid");
+    assert_eq!((config.agent.admin_config_endpoint, config.persist.admin_config_endpoint), (Some(true), Some(false)));
+    assert!(config.to_redacted_toml().contains("admin_config_endpoint = true"));
+    assert!(!Config::default().to_redacted_toml().contains("admin_config_endpoint"), "unset is left out");
+    assert!(Config::from_toml("[agent]\nadmin_config_endpoint = \"yes\"\n").is_err());
 }
 
 #[test]
@@ -141,6 +152,17 @@ fn refuses_pass_through_properties_that_would_weaken_delivery() {
 }
 
 #[test]
+fn refuses_pass_through_properties_that_would_weaken_tls_verification() {
+    let key = invalid_key("[kafka.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n");
+    assert_eq!(key, "kafka.properties.\"enable.ssl.certificate.verification\"");
+    let key = invalid_key("[ship.properties]\n\"ssl.endpoint.identification.algorithm\" = \"none\"\n");
+    assert_eq!(key, "ship.properties.\"ssl.endpoint.identification.algorithm\"");
+    let error = Config::from_toml("[persist.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n")
+        .expect_err("managed");
+    assert!(error.to_string().contains("is managed by sluice; use (always verified)"), "{error}");
+}
+
+#[test]
 fn redacts_passwords_and_secret_properties_when_shown() {
     let config = Config::from_toml(
         "[postgres]\nurl = \"postgres://app:hunter2@db:5432/logs\"\n\
@@ -162,6 +184,66 @@ fn redacts_a_password_given_in_key_value_form() {
         "host=db user=app password=<redacted> dbname=logs"
     );
     assert_eq!(redact_url_password("postgres://app@db/logs"), "postgres://app@db/logs");
+}
+
+#[test]
+fn redacts_the_oauthbearer_config_which_carries_client_secrets() {
+    let config = Config::from_toml(
+        "[kafka.properties]\n\"sasl.oauthbearer.config\" = \"principal=sluice clientSecret=hunter2\"\n",
+    )
+    .expect("valid");
+    let shown = config.to_redacted_toml();
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("\"sasl.oauthbearer.config\" = \"<redacted>\""), "{shown}");
+}
+
+#[test]
+fn redacts_a_quoted_key_value_password_with_spaces_and_keeps_the_other_keys() {
+    assert_eq!(redact_url_password("host=x password='a b c' user=y"), "host=x password=<redacted> user=y");
+    assert_eq!(
+        redact_url_password(r"host=x password='it\'s a secret' user=y"),
+        "host=x password=<redacted> user=y",
+        "an escaped quote does not end the value"
+    );
+    assert_eq!(redact_url_password(r"password=back\ slash user=y"), "password=<redacted> user=y");
+}
+
+#[test]
+fn redacts_a_key_value_password_with_spaces_around_the_equals_sign() {
+    assert_eq!(redact_url_password("host=x password = hunter2 user=y"), "host=x password = <redacted> user=y");
+    assert_eq!(redact_url_password("password  =  'a b'"), "password  =  <redacted>");
+    assert_eq!(redact_url_password("host=x passfile=/p user=password"), "host=x passfile=/p user=password");
+}
+
+#[test]
+fn redacts_every_password_a_url_can_carry() {
+    assert_eq!(redact_url_password("postgres://app:hunter2@db:5432/logs"), "postgres://app:<redacted>@db:5432/logs");
+    assert_eq!(
+        redact_url_password("postgresql://app:hun/ter2@db/logs"),
+        "postgresql://app:<redacted>@db/logs",
+        "tokio-postgres reads the credentials up to the first @, even past a /"
+    );
+    assert_eq!(
+        redact_url_password("postgres://app@db/logs?sslmode=require&password=hunter2&application_name=x"),
+        "postgres://app@db/logs?sslmode=require&password=<redacted>&application_name=x"
+    );
+    assert_eq!(
+        redact_url_password("postgres://app:one@db/logs?pass%77ord=two"),
+        "postgres://app:<redacted>@db/logs?pass%77ord=<redacted>",
+        "parameter names are percent-decoded"
+    );
+    assert_eq!(redact_url_password("postgres://db/logs?sslmode=require"), "postgres://db/logs?sslmode=require");
+}
+
+#[test]
+fn a_password_that_cannot_be_read_hides_the_rest_of_the_string() {
+    assert_eq!(redact_url_password("host=x password='never closed user=y"), "host=x password=<redacted>");
+    assert_eq!(redact_url_password("host=x =y password=hunter2"), "host=x <redacted>");
+    assert_eq!(redact_url_password("host=x password hunter2"), "host=x <redacted>");
+    assert_eq!(
+        redact_url_password("postgres://db/logs?sslmode=require&password"),
+        "postgres://db/logs?sslmode=require&<redacted>"
+    );
 }
 
 #[test]
@@ -261,4 +343,47 @@ fn secret_kafka_properties_come_from_the_environment_and_are_never_shown() {
     assert_eq!(invalid_key(&text), "kafka.properties_from_env.\"sasl.password\"", "unset variable");
     // std::env::set_var is unsafe in edition 2024 and this crate forbids unsafe code, so the
     // positive case runs in a child process: tests/it/cli.rs.
+}
+
+mod postgres_tls {
+    use tokio_postgres::config::SslMode;
+
+    use super::*;
+
+    fn postgres(url: &str, ca_file: Option<&str>) -> PostgresConfig {
+        PostgresConfig { url: url.into(), ca_file: ca_file.map(PathBuf::from), ..PostgresConfig::default() }
+    }
+
+    #[test]
+    fn a_ca_file_without_sslmode_in_the_url_requires_tls() {
+        let config = postgres("postgres://app@db/logs", Some("/ca.crt"));
+        assert_eq!(config.ssl_mode(), SslMode::Require, "prefer would fall back to plaintext");
+        assert_eq!(postgres("host=db user=app", Some("/ca.crt")).ssl_mode(), SslMode::Require);
+        assert_eq!(
+            config.describe_tls(),
+            "required (ca_file is set and the URL sets no sslmode): certificate and host name verified \
+             against the system's CAs and ca_file /ca.crt"
+        );
+    }
+
+    #[test]
+    fn the_urls_sslmode_is_kept_whether_or_not_a_ca_file_is_given() {
+        assert_eq!(postgres("postgres://db/logs?sslmode=prefer", Some("/ca.crt")).ssl_mode(), SslMode::Prefer);
+        assert_eq!(postgres("postgres://db/logs?sslmode=disable", Some("/ca.crt")).ssl_mode(), SslMode::Disable);
+        assert_eq!(postgres("host=db sslmode = require", None).ssl_mode(), SslMode::Require);
+        assert_eq!(
+            postgres("postgres://db/logs?sslmode=require", None).describe_tls(),
+            "required (the URL's sslmode): certificate and host name verified against the system's CAs"
+        );
+        assert_eq!(postgres("host=db sslmode=disable", None).describe_tls(), "disabled (the URL's sslmode): plaintext");
+    }
+
+    #[test]
+    fn without_a_ca_file_or_sslmode_tls_is_preferred_and_the_description_says_it_may_fall_back() {
+        let config = postgres("postgres://app@db/logs", None);
+        assert_eq!(config.ssl_mode(), SslMode::Prefer);
+        let described = config.describe_tls();
+        assert!(described.starts_with("prefer (the URL sets no sslmode)"), "{described}");
+        assert!(described.contains("falls back to plaintext"), "{described}");
+    }
 }

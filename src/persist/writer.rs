@@ -121,6 +121,8 @@ pub struct Writer {
 /// Connects with `search_path` set to the configured schema.
 pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
     let mut pg: tokio_postgres::Config = config.url.parse().map_err(PersistError::Postgres)?;
+    // `require` when a CA file is given and the URL says nothing (PostgresConfig::ssl_mode).
+    pg.ssl_mode(config.ssl_mode());
     // The schema is a validated identifier (config::valid_identifier). NOTICEs such as
     // "partition already exists, skipping" are expected and not worth a log line.
     pg.options(format!("-c search_path={} -c client_min_messages=warning", config.schema));
@@ -140,8 +142,8 @@ pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
 }
 
 /// The TLS connector: OpenSSL (the library librdkafka uses too), the system's CAs plus
-/// `postgres.ca_file`, peer and host name verified. Whether TLS is used at all follows the URL's
-/// `sslmode`.
+/// `postgres.ca_file`, peer and host name verified (libpq's `verify-full`). Whether TLS is used
+/// at all follows [`PostgresConfig::ssl_mode`].
 fn tls(config: &PostgresConfig) -> Result<postgres_openssl::MakeTlsConnector, PersistError> {
     use openssl::ssl::{SslConnector, SslMethod};
     let tls_error = |error: openssl::error::ErrorStack| PersistError::Tls(error.to_string());

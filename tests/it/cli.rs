@@ -78,3 +78,25 @@ fn the_production_shaped_examples_pass_check_config_with_their_secret_set() {
         assert!(String::from_utf8_lossy(&output.stderr).contains("SLUICE_KAFKA_SASL_PASSWORD"));
     }
 }
+
+#[test]
+fn check_config_says_which_postgres_tls_is_in_effect_and_stays_valid_toml() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (postgres, expected) in [
+        (
+            "url = \"postgres://app@db/logs\"\nca_file = \"/etc/ca.crt\"\n",
+            "# postgres TLS: required (ca_file is set and the URL sets no sslmode): certificate and host name \
+             verified against the system's CAs and ca_file /etc/ca.crt\n",
+        ),
+        ("url = \"postgres://app@db/logs\"\n", "# postgres TLS: prefer (the URL sets no sslmode): "),
+    ] {
+        let path = dir.path().join("persist.toml");
+        std::fs::write(&path, format!("[postgres]\n{postgres}")).expect("write");
+        let output = sluice(&["check-config", path.to_str().expect("path")]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let shown = String::from_utf8_lossy(&output.stdout);
+        assert!(shown.starts_with(expected), "{shown}");
+        let again: toml::Table = toml::from_str(&shown).unwrap_or_else(|error| panic!("{error}: {shown}"));
+        assert!(again.contains_key("postgres"), "{shown}");
+    }
+}

@@ -1,6 +1,7 @@
 //! Integration tests: the real `sluice` binary against the real Kafka broker and PostgreSQL
 //! started by `scripts/stack`. One test binary, so it builds once.
 
+mod admin;
 mod chart;
 mod cli;
 mod faults;

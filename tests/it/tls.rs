@@ -1,5 +1,12 @@
 //! TLS to PostgreSQL: the persister verifies the server's certificate.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use crate::support::*;
 
 fn ca() -> String {
@@ -86,4 +93,68 @@ async fn an_agent_and_a_persister_ship_through_sasl_ssl_with_scram_and_a_private
     assert!(!agent.log_text().contains(SASL_PASSWORD), "the password is never logged");
     let (_, shown) = http_get(config.agent_admin(), "/config").await.expect("/config");
     assert!(!shown.contains(SASL_PASSWORD) && shown.contains("SLUICE_TEST_SASL_PASSWORD"), "{shown}");
+}
+
+/// A server that answers PostgreSQL's SSLRequest with `N` ("no TLS here") — what a server
+/// without TLS, or a man in the middle downgrading the connection, says — and notes whether the
+/// client then goes on in plaintext (its startup message names the user and database).
+struct NoTlsServer {
+    address: SocketAddr,
+    ssl_requests: Arc<AtomicUsize>,
+    plaintext: Arc<AtomicBool>,
+}
+
+impl NoTlsServer {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (ssl_requests, plaintext) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let (requests, seen) = (ssl_requests.clone(), plaintext.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (requests, seen) = (requests.clone(), seen.clone());
+                tokio::spawn(async move {
+                    // SSLRequest: length 8, code 80877103.
+                    let mut request = [0u8; 8];
+                    if stream.read_exact(&mut request).await.is_err() || request != [0, 0, 0, 8, 4, 210, 22, 47] {
+                        return;
+                    }
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    if stream.write_all(b"N").await.is_err() {
+                        return;
+                    }
+                    let mut next = [0u8; 1];
+                    if let Ok(Ok(1)) = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut next)).await {
+                        seen.store(true, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        Self { address, ssl_requests, plaintext }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_ca_file_and_no_sslmode_the_persister_refuses_a_server_that_offers_no_tls() {
+    let services = services();
+    let server = NoTlsServer::start().await;
+    let mut config = TestConfig::new(&services, &unique("downgrade"));
+    config.set("postgres", "url", format!("postgres://postgres@{}/sluice", server.address)).set(
+        "postgres",
+        "ca_file",
+        ca(),
+    );
+    let path = config.write();
+    let persister =
+        Process::spawn("persist", &["persist", "--config", path.to_str().expect("path")], config.dir.path());
+    eventually("the refusal is logged", || async {
+        persister.log_text().contains("server does not support TLS").then_some(())
+    })
+    .await;
+    assert!(server.ssl_requests.load(Ordering::Relaxed) >= 1, "the persister asked for TLS");
+    // The server waits 2 s for a plaintext startup message after each refusal.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!server.plaintext.load(Ordering::Relaxed), "nothing was sent in plaintext after the refusal");
+    let (status, body) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
+    assert_eq!(status, 503, "{body}");
 }
