@@ -31,7 +31,7 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::buffer::ack::{Ack, AckPoint};
+use crate::buffer::ack::Ack;
 use crate::buffer::spool::{SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
 use crate::config::Config;
@@ -184,10 +184,11 @@ impl ShipContext {
                 spool.delete_done();
             }
         }
+        // An ack still unsettled here is settled now: delivered is durable, whatever point it
+        // waited for (a `spooled` ack settled at write time is no longer with the record).
         if let Some(ack) = ack {
             match refused {
-                None if ack.point() == AckPoint::Delivered => ack.durable(),
-                None => {} // a `spooled` ack was settled when the record was written
+                None => ack.durable(),
                 Some(reason) => ack.refused(reason),
             }
         }

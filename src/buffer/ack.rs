@@ -91,7 +91,7 @@ impl AckTracker {
     pub fn issue(self: &Arc<Self>) -> Ack {
         let mut state = self.lock();
         state.issued += 1;
-        Ack { tracker: self.clone(), seq: state.issued }
+        Ack { tracker: self.clone(), seq: state.issued, point: self.point }
     }
 
     fn settle(&self, seq: u64, refused: Option<&'static str>) {
@@ -170,6 +170,9 @@ impl AckTracker {
 pub struct Ack {
     tracker: Arc<AckTracker>,
     seq: u64,
+    /// When it is settled: the connection's point, or `Delivered` once the spool could not make
+    /// the record durable ([`Ack::hold_until_delivered`]).
+    point: AckPoint,
 }
 
 impl std::fmt::Debug for Ack {
@@ -184,9 +187,15 @@ impl Ack {
         self.seq
     }
 
-    /// The point its writer asked for.
+    /// The point at which it is settled (the writer's, unless the spool failed it).
     pub fn point(&self) -> AckPoint {
-        self.tracker.point
+        self.point
+    }
+
+    /// The spool could not make the record durable (a write or fsync failed): it is
+    /// acknowledged only once Kafka has it. An I/O error is never an acknowledgement.
+    pub fn hold_until_delivered(&mut self) {
+        self.point = AckPoint::Delivered;
     }
 
     /// The record reached the point its writer asked for.

@@ -189,6 +189,9 @@ struct State {
     segments: BTreeMap<u64, SegmentState>,
     /// `delivered` acks of records evicted to the backlog, settled when they are delivered.
     parked_acks: HashMap<SpoolPos, Ack>,
+    /// `spooled` acks of records written under the interval policy, settled by the next
+    /// successful sync, or by the record's delivery if that comes first.
+    awaiting_sync: HashMap<SpoolPos, Ack>,
     disk_bytes: u64,
     /// Where the backlog reader looks next: no disk-only record lies before it. `None` when
     /// nothing has been evicted since the reader last caught up.
@@ -318,7 +321,10 @@ impl Spool {
     /// record's parked ack, if it had one. A record finished twice is not counted twice.
     pub fn done(&self, pos: SpoolPos) -> (bool, Option<Ack>) {
         let mut state = self.lock();
-        let parked = state.parked_acks.remove(&pos);
+        let parked = match state.parked_acks.remove(&pos) {
+            Some(ack) => Some(ack),
+            None => state.awaiting_sync.remove(&pos),
+        };
         let Some(segment) = state.segments.get_mut(&pos.segment) else {
             return (false, parked); // dropped with its segment meanwhile
         };
@@ -327,6 +333,29 @@ impl Spool {
             return (false, parked);
         }
         (segment.deletable(), parked)
+    }
+
+    /// `spooled` acks of records just written under the interval policy: they wait for the next
+    /// [`Spool::synced`] (or their record's delivery, if that comes first).
+    pub fn await_sync(&self, acks: impl IntoIterator<Item = (SpoolPos, Ack)>) {
+        self.lock().awaiting_sync.extend(acks);
+    }
+
+    /// A sync covering everything written so far ran. If it worked, every ack awaiting one is
+    /// settled as durable; if it failed, none is — the data it covered may not be on disk (a
+    /// later sync succeeding does not bring it back), so each waits for its record's delivery
+    /// to Kafka instead. An I/O error is never an acknowledgement.
+    pub fn synced(&self, ok: bool) {
+        let mut state = self.lock();
+        let acks: Vec<(SpoolPos, Ack)> = state.awaiting_sync.drain().collect();
+        for (pos, mut ack) in acks {
+            if ok {
+                ack.durable();
+            } else {
+                ack.hold_until_delivered();
+                state.parked_acks.insert(pos, ack);
+            }
+        }
     }
 
     /// Ingest time (Unix ms) of the oldest record not yet done, to the resolution of a segment:
@@ -380,10 +409,11 @@ impl Spool {
     pub fn drop_oldest(&self) -> Option<DroppedSegment> {
         let (id, lost) = {
             let mut state = self.lock();
-            let (&id, segment) = state.segments.iter().find(|(_, segment)| segment.sealed)?;
+            let id = state.segments.iter().find(|(_, segment)| segment.sealed).map(|(id, _)| *id)?;
+            let segment = state.segments.remove(&id)?;
             // Disk-only records are lost; those held in memory are still delivered.
             let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
-            let bytes = segment.bytes;
+            state.disk_bytes = state.disk_bytes.saturating_sub(segment.bytes);
             // Disk-only records of this segment are gone: the cursor moves past it.
             if let Some(backlog) = state.backlog
                 && backlog.segment <= id
@@ -391,11 +421,17 @@ impl Spool {
                 let next = state.segments.range(id + 1..).next().map(|(next, _)| SpoolPos::start_of(*next));
                 state.backlog = next;
             }
-            state.segments.remove(&id);
-            state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
-            let parked: Vec<SpoolPos> = state.parked_acks.keys().filter(|pos| pos.segment == id).copied().collect();
-            for pos in parked {
-                if let Some(ack) = state.parked_acks.remove(&pos) {
+            // Acks of its disk-only records are refused; records held in memory still deliver
+            // and settle theirs.
+            let lost_positions: Vec<SpoolPos> = state
+                .parked_acks
+                .keys()
+                .chain(state.awaiting_sync.keys())
+                .filter(|pos| pos.segment == id && segment.disk_only(pos.index))
+                .copied()
+                .collect();
+            for pos in lost_positions {
+                if let Some(ack) = state.parked_acks.remove(&pos).or_else(|| state.awaiting_sync.remove(&pos)) {
                     ack.refused("drop_oldest");
                 }
             }
@@ -423,14 +459,22 @@ impl Spool {
                 lost += 1;
             }
         }
-        let parked: Vec<SpoolPos> = state
+        // The acks of the records just lost (now finished; records held in memory still
+        // deliver and settle theirs).
+        let segment = state.segments.get(&pos.segment);
+        let lost_positions: Vec<SpoolPos> = state
             .parked_acks
             .keys()
-            .filter(|parked| parked.segment == pos.segment && parked.index >= pos.index)
+            .chain(state.awaiting_sync.keys())
+            .filter(|parked| {
+                parked.segment == pos.segment
+                    && parked.index >= pos.index
+                    && segment.is_some_and(|segment| !segment.in_memory.get(parked.index))
+            })
             .copied()
             .collect();
-        for parked in parked {
-            if let Some(ack) = state.parked_acks.remove(&parked) {
+        for parked in lost_positions {
+            if let Some(ack) = state.parked_acks.remove(&parked).or_else(|| state.awaiting_sync.remove(&parked)) {
                 ack.refused("corrupt");
             }
         }
@@ -513,6 +557,74 @@ pub struct SpoolWriter {
     unsynced: bool,
     last_sync: Instant,
     scratch: Vec<u8>,
+    /// See [`SpoolWriter::inject`].
+    #[cfg(test)]
+    faults: std::collections::VecDeque<(SpoolOp, u32, io::Error)>,
+}
+
+/// What [`SpoolWriter::append`] did.
+#[derive(Debug, Default)]
+pub struct Appended {
+    /// Positions of the records written: a prefix of those given, all of them unless `error`.
+    pub positions: Vec<SpoolPos>,
+    /// How many of them, from the first, are as durable as `buffer.fsync` makes them (synced
+    /// under `always`; written under `never` and the interval, whose sync comes later). The rest
+    /// were written but a sync covering them failed: they must never be acknowledged as spooled.
+    pub durable: usize,
+    /// What failed, if anything; the records after `positions` were not written.
+    pub error: Option<SpoolIoError>,
+}
+
+impl Appended {
+    fn failed(mut self, op: SpoolOp, error: io::Error, synced: usize, fsync: Fsync) -> Self {
+        self.durable = match (op, fsync) {
+            (SpoolOp::Fsync | SpoolOp::Read, _) | (SpoolOp::Write, Fsync::Always) => synced,
+            (SpoolOp::Write, Fsync::Never | Fsync::Interval(_)) => self.positions.len(),
+        };
+        self.error = Some(SpoolIoError { op, error });
+        self
+    }
+}
+
+/// A spool operation, the `op` label of `sluice_spool_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpoolOp {
+    /// Writing frames (or creating a segment file).
+    Write,
+    /// Forcing written frames to stable storage.
+    Fsync,
+    /// Reading the backlog back.
+    Read,
+}
+
+impl SpoolOp {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpoolOp::Write => "write",
+            SpoolOp::Fsync => "fsync",
+            SpoolOp::Read => "read",
+        }
+    }
+}
+
+/// A failed spool write or sync.
+#[derive(Debug, thiserror::Error)]
+#[error("spool {} failed: {error}", .op.as_str())]
+pub struct SpoolIoError {
+    /// What failed.
+    pub op: SpoolOp,
+    /// The OS error.
+    pub error: io::Error,
+}
+
+impl SpoolIoError {
+    /// The disk (or the spool's quota) is full: `when_full` decides, as for the spool's cap.
+    /// Any other I/O error is never a policy drop: the records are held and the write retried.
+    pub fn disk_full(&self) -> bool {
+        // ENOSPC, EDQUOT.
+        matches!(self.error.raw_os_error(), Some(28 | 122))
+    }
 }
 
 impl SpoolWriter {
@@ -546,6 +658,8 @@ impl SpoolWriter {
             unsynced: false,
             last_sync: Instant::now(),
             scratch: Vec::new(),
+            #[cfg(test)]
+            faults: std::collections::VecDeque::new(),
         })
     }
 
@@ -559,23 +673,25 @@ impl SpoolWriter {
         self.spool.disk_bytes() + bytes <= self.spool.config.max_bytes
     }
 
-    /// Appends records (key, payload) in order and returns the positions of those written —
-    /// a prefix of `records`, all of them unless an error is returned with it. Written records
-    /// count as outstanding (held in memory by the caller) from here on. Under `Fsync::Always`
-    /// they are synced before this returns.
-    pub fn append(&mut self, records: &[Entry<'_>]) -> (Vec<SpoolPos>, Option<io::Error>) {
-        let mut positions = Vec::with_capacity(records.len());
+    /// Appends records in order (see [`Appended`]). Written records count as held in memory by
+    /// the caller from here on. Under `Fsync::Always` they are synced before this returns.
+    pub fn append(&mut self, records: &[Entry<'_>]) -> Appended {
+        let mut out = Appended { positions: Vec::with_capacity(records.len()), ..Appended::default() };
         let mut pending = Vec::with_capacity(records.len());
+        // Positions covered by a successful sync in this call.
+        let mut synced = 0;
         self.scratch.clear();
         for Entry { ingest_ms, key, payload } in records {
             let len = segment::frame_len(*key, payload) as u64;
             if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
                 if let Err(error) = self.flush_scratch(pending.len() as u64) {
-                    return (positions, Some(error));
+                    return out.failed(SpoolOp::Write, error, synced, self.spool.config.fsync);
                 }
-                positions.append(&mut pending);
-                if let Err(error) = self.roll() {
-                    return (positions, Some(error));
+                out.positions.append(&mut pending);
+                match self.roll() {
+                    Ok(()) if self.spool.config.fsync != Fsync::Never => synced = out.positions.len(),
+                    Ok(()) => {}
+                    Err((op, error)) => return out.failed(op, error, synced, self.spool.config.fsync),
                 }
             }
             pending.push(self.end());
@@ -587,16 +703,20 @@ impl SpoolWriter {
             self.offset += len;
         }
         if let Err(error) = self.flush_scratch(pending.len() as u64) {
-            return (positions, Some(error));
+            return out.failed(SpoolOp::Write, error, synced, self.spool.config.fsync);
         }
-        positions.append(&mut pending);
-        if self.spool.config.fsync == Fsync::Always
-            && let Err(error) = self.sync()
-        {
-            // Written but not known durable: the caller must not acknowledge them as spooled.
-            return (positions, Some(error));
+        out.positions.append(&mut pending);
+        if self.spool.config.fsync == Fsync::Always {
+            if let Err(error) = self.sync() {
+                return out.failed(SpoolOp::Fsync, error, synced, self.spool.config.fsync);
+            }
+            synced = out.positions.len();
         }
-        (positions, None)
+        out.durable = match self.spool.config.fsync {
+            Fsync::Always => synced,
+            Fsync::Never | Fsync::Interval(_) => out.positions.len(),
+        };
+        out
     }
 
     /// Writes the scratch buffer. On failure the file is cut back to its last good length, so a
@@ -606,7 +726,7 @@ impl SpoolWriter {
             return Ok(());
         }
         let start = self.offset - self.scratch.len() as u64;
-        if let Err(error) = self.file.write_all(&self.scratch) {
+        if let Err(error) = self.fault(SpoolOp::Write).map_or_else(|| self.file.write_all(&self.scratch), Err) {
             let _ = self.file.set_len(start);
             let _ = self.file.seek(SeekFrom::Start(start));
             self.offset = start;
@@ -632,16 +752,18 @@ impl SpoolWriter {
         Ok(())
     }
 
-    fn roll(&mut self) -> io::Result<()> {
+    fn roll(&mut self) -> Result<(), (SpoolOp, io::Error)> {
         if self.spool.config.fsync != Fsync::Never {
-            self.sync()?;
+            self.sync().map_err(|error| (SpoolOp::Fsync, error))?;
         }
         // The next segment first: if it cannot be made, this one stays active (and unsealed:
         // a sealed segment whose records are all finished is deleted).
-        let next = Self::create(self.spool.clone(), self.segment + 1)?;
+        let next = Self::create(self.spool.clone(), self.segment + 1).map_err(|error| (SpoolOp::Write, error))?;
         if let Some(segment) = self.spool.lock().segments.get_mut(&self.segment) {
             segment.sealed = true;
         }
+        #[cfg(test)]
+        let next = Self { faults: std::mem::take(&mut self.faults), ..next };
         *self = next;
         Ok(())
     }
@@ -649,6 +771,9 @@ impl SpoolWriter {
     /// Forces written records to stable storage (if anything is unsynced).
     pub fn sync(&mut self) -> io::Result<()> {
         if self.unsynced {
+            if let Some(error) = self.fault(SpoolOp::Fsync) {
+                return Err(error);
+            }
             self.file.sync_data()?;
             self.unsynced = false;
         }
@@ -667,6 +792,36 @@ impl SpoolWriter {
     /// True if written records are not yet synced.
     pub fn unsynced(&self) -> bool {
         self.unsynced
+    }
+
+    /// Test seam: the next `op`s fail with these errors instead of running (unit and model
+    /// tests put a real writer into the disk's failure modes this way).
+    #[cfg(test)]
+    pub fn inject(&mut self, op: SpoolOp, error: io::Error) {
+        self.inject_after(op, 0, error);
+    }
+
+    /// Like [`SpoolWriter::inject`], after `passes` more `op`s have run.
+    #[cfg(test)]
+    pub fn inject_after(&mut self, op: SpoolOp, passes: u32, error: io::Error) {
+        self.faults.push_back((op, passes, error));
+    }
+
+    #[cfg(test)]
+    fn fault(&mut self, op: SpoolOp) -> Option<io::Error> {
+        let at = self.faults.iter().position(|(faulty, _, _)| *faulty == op)?;
+        if let Some((_, passes, _)) = self.faults.get_mut(at)
+            && *passes > 0
+        {
+            *passes -= 1;
+            return None;
+        }
+        self.faults.remove(at).map(|(_, _, error)| error)
+    }
+
+    #[cfg(not(test))]
+    fn fault(&mut self, _: SpoolOp) -> Option<io::Error> {
+        None
     }
 
     /// Seals the active segment (shutdown), so the next start treats it like any other.

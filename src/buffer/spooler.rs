@@ -3,18 +3,20 @@
 //! shipper.
 //!
 //! Owns: the [`SpoolWriter`] (it runs on the blocking pool, one batch at a time), the disk cap
-//! and what `when_full` does when it is reached, fsync timing for the interval policy, deleting
-//! delivered segments, and settling `spooled` acknowledgements once their records are as durable
-//! as the policy makes them. Must not: run file I/O on a runtime worker, or let a disk error end
-//! the task (it is counted, logged, and the policy decides what happens to the records).
+//! and what `when_full` does when it (or a full disk) is reached, fsync timing for the interval
+//! policy, deleting delivered segments, and settling `spooled` acknowledgements once their
+//! records are as durable as the policy makes them. Must not: run file I/O on a runtime worker,
+//! let a disk error end the task, acknowledge a record a failed write or fsync covered (it is
+//! acknowledged when Kafka has it instead), or treat an I/O error other than a full disk as a
+//! reason to drop (the records are held and the write retried; readers feel backpressure).
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::ack::{Ack, AckPoint};
-use super::spool::{Entry, Fsync, SpoolWriter};
+use super::ack::AckPoint;
+use super::spool::{Appended, Entry, Fsync, SpoolIoError, SpoolOp, SpoolPos, SpoolWriter};
 use super::{Buffer, Record};
 use crate::config::WhenFull;
 use crate::telemetry;
@@ -28,7 +30,7 @@ const RETRY: Duration = Duration::from_millis(100);
 
 /// Runs until `stop` is cancelled and the intake is empty, then seals the active segment.
 pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: CancellationToken) {
-    let mut task = Spooler { buffer, writer: Some(writer), fsync, unsynced_acks: Vec::new() };
+    let mut task = Spooler { buffer, writer: Some(writer), fsync, errors: ErrorLog::default() };
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut housekeeping = tokio::time::interval(match fsync {
         Fsync::Interval(every) => every.min(HOUSEKEEPING),
@@ -54,13 +56,21 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
         task.write(std::mem::take(&mut batch), &stop).await;
     }
     if let Some(writer) = task.writer.take() {
-        match tokio::task::spawn_blocking(move || writer.close()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => error!(%error, "cannot seal the spool's last segment; the next start recovers it"),
-            Err(error) => error!(%error, "spool close did not run"),
+        let closed = tokio::task::spawn_blocking(move || writer.close()).await;
+        let spool = task.buffer.spool().expect("the spooler runs only with a spool");
+        match closed {
+            Ok(Ok(())) => spool.synced(true),
+            Ok(Err(error)) => {
+                metrics::counter!(telemetry::SPOOL_ERRORS, "op" => SpoolOp::Fsync.as_str()).increment(1);
+                error!(%error, "cannot sync and seal the spool's last segment; records not yet synced are acknowledged only if kafka has them, and the next start recovers the segment");
+                spool.synced(false);
+            }
+            Err(error) => {
+                error!(%error, "spool close did not run");
+                spool.synced(false);
+            }
         }
     }
-    task.settle_unsynced();
     info!("spool writer stopped");
 }
 
@@ -69,8 +79,32 @@ struct Spooler {
     /// Taken while a blocking call uses it.
     writer: Option<SpoolWriter>,
     fsync: Fsync,
-    /// `spooled` acks of records written but not yet synced (interval policy).
-    unsynced_acks: Vec<Ack>,
+    errors: ErrorLog,
+}
+
+/// Disk errors are logged at most every [`ERROR_LOG_EVERY`], with the count of those not logged:
+/// a disk that stays broken would otherwise log one line per retry.
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+/// See [`ErrorLog`].
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl ErrorLog {
+    /// Counts `error`; logs it unless one was logged within [`ERROR_LOG_EVERY`].
+    fn report(&mut self, error: &SpoolIoError, unwritten: usize, action: &str) {
+        metrics::counter!(telemetry::SPOOL_ERRORS, "op" => error.op.as_str()).increment(1);
+        if self.last.is_some_and(|last| last.elapsed() < ERROR_LOG_EVERY) {
+            self.suppressed += 1;
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        let suppressed = std::mem::take(&mut self.suppressed);
+        error!(%error, unwritten, action, similar_errors_not_logged = suppressed, "spool I/O failed");
+    }
 }
 
 impl Spooler {
@@ -87,6 +121,10 @@ impl Spooler {
         result
     }
 
+    fn spool(&self) -> std::sync::Arc<super::spool::Spool> {
+        self.buffer.spool().expect("the spooler runs only with a spool").clone()
+    }
+
     async fn write(&mut self, mut records: Vec<Record>, stop: &CancellationToken) {
         while !records.is_empty() {
             let need: u64 =
@@ -96,39 +134,57 @@ impl Spooler {
             }
             let frames: Vec<(u64, Option<bytes::Bytes>, bytes::Bytes)> =
                 records.iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
-            let (positions, failure, end, synced) = self
+            let (appended, end, synced) = self
                 .blocking(move |writer| {
                     let borrowed: Vec<Entry<'_>> = frames
                         .iter()
                         .map(|(ingest_ms, key, payload)| Entry { ingest_ms: *ingest_ms, key: key.as_deref(), payload })
                         .collect();
-                    let (positions, failure) = writer.append(&borrowed);
+                    let appended = writer.append(&borrowed);
                     // Under steady load the housekeeping tick may not get a turn: check the
                     // interval here too.
                     let synced = writer.sync_if_due();
-                    (positions, failure, writer.end(), synced)
+                    (appended, writer.end(), synced)
                 })
                 .await;
+            let Appended { positions, durable, error } = appended;
             let written: Vec<Record> = records.drain(..positions.len()).collect();
-            self.hand_on(written, positions, end);
+            if error.as_ref().is_some_and(|error| error.op == SpoolOp::Fsync) {
+                // Earlier records waiting for a sync are not durable either.
+                self.spool().synced(false);
+            }
+            self.hand_on(written, positions, durable, end);
             self.after_sync(synced);
-            if let Some(error) = failure {
-                metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "write").increment(1);
-                error!(%error, unwritten = records.len(), policy = self.buffer.policy().when_full.as_str(), "spool write failed");
-                match self.buffer.policy().when_full {
-                    // Keep the records and try again: readers feel it as backpressure.
-                    WhenFull::Block => {
-                        if !self.pause(stop).await {
-                            return self.abandon(records, "drain_timeout");
-                        }
-                    }
-                    WhenFull::DropOldest => {
-                        if !self.drop_oldest_segment().await {
-                            return self.abandon(records, "drop_oldest");
-                        }
-                    }
-                    WhenFull::DropNewest => return self.abandon(records, "drop_newest"),
+            let Some(error) = error else { continue };
+            if records.is_empty() {
+                // A sync failed after everything was written: the records go on (held until
+                // Kafka has them); nothing is left to write.
+                self.errors.report(&error, 0, "acknowledged when delivered");
+                continue;
+            }
+            if !error.disk_full() {
+                // Not a policy matter: hold the records and try again.
+                self.errors.report(&error, records.len(), "retrying");
+                if !self.pause(stop).await {
+                    return self.abandon(records, "drain_timeout");
                 }
+                continue;
+            }
+            let policy = self.buffer.policy().when_full;
+            self.errors.report(&error, records.len(), policy.as_str());
+            match policy {
+                // Keep the records and try again: readers feel it as backpressure.
+                WhenFull::Block => {
+                    if !self.pause(stop).await {
+                        return self.abandon(records, "drain_timeout");
+                    }
+                }
+                WhenFull::DropOldest => {
+                    if !self.drop_oldest_segment().await {
+                        return self.abandon(records, "drop_oldest");
+                    }
+                }
+                WhenFull::DropNewest => return self.abandon(records, "drop_newest"),
             }
         }
     }
@@ -217,31 +273,39 @@ impl Spooler {
         }
     }
 
-    /// Written records join the fresh queue; `spooled` acks are settled now, or after the next
-    /// sync under the interval policy.
-    fn hand_on(
-        &mut self,
-        mut records: Vec<Record>,
-        positions: Vec<super::spool::SpoolPos>,
-        end: super::spool::SpoolPos,
-    ) {
+    /// Written records join the fresh queue. `spooled` acks of the first `durable` are settled
+    /// now (`always`, `never`) or wait for the next sync (interval: [`super::spool::Spool::await_sync`], before
+    /// the records can reach Kafka, so a delivery never finds its ack missing); those of the rest
+    /// — written, but a sync covering them failed — are held until Kafka has the record.
+    fn hand_on(&mut self, mut records: Vec<Record>, positions: Vec<SpoolPos>, durable: usize, end: SpoolPos) {
         if records.is_empty() {
             return;
         }
-        for (record, pos) in records.iter_mut().zip(positions) {
+        let mut awaiting = Vec::new();
+        for (i, (record, pos)) in records.iter_mut().zip(positions).enumerate() {
             record.pos = Some(pos);
-            if record.ack.as_ref().is_some_and(|ack| ack.point() == AckPoint::Spooled) {
-                match self.fsync {
-                    Fsync::Interval(_) => self.unsynced_acks.extend(record.ack.take()),
-                    Fsync::Always | Fsync::Never => record.reached(AckPoint::Spooled),
-                }
+            if !record.ack.as_ref().is_some_and(|ack| ack.point() == AckPoint::Spooled) {
+                continue;
             }
+            if i >= durable {
+                if let Some(ack) = record.ack.as_mut() {
+                    ack.hold_until_delivered();
+                }
+                continue;
+            }
+            match self.fsync {
+                Fsync::Interval(_) => awaiting.extend(record.ack.take().map(|ack| (pos, ack))),
+                Fsync::Always | Fsync::Never => record.reached(AckPoint::Spooled),
+            }
+        }
+        if !awaiting.is_empty() {
+            self.spool().await_sync(awaiting);
         }
         self.buffer.spooled(records, end);
     }
 
     async fn housekeeping(&mut self) {
-        let spool = self.buffer.spool().expect("spool").clone();
+        let spool = self.spool();
         let synced = self
             .blocking(move |writer| {
                 spool.delete_done();
@@ -253,18 +317,16 @@ impl Spooler {
 
     fn after_sync(&mut self, synced: std::io::Result<bool>) {
         match synced {
-            Ok(true) => self.settle_unsynced(),
+            Ok(true) => self.spool().synced(true),
             Ok(false) => {}
             Err(error) => {
-                metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "fsync").increment(1);
-                error!(%error, "spool fsync failed; records written since the last sync are not yet acknowledged");
+                self.spool().synced(false);
+                let error = SpoolIoError { op: SpoolOp::Fsync, error };
+                self.errors.report(&error, 0, "records written since the last sync are acknowledged when delivered");
             }
         }
     }
-
-    fn settle_unsynced(&mut self) {
-        for ack in self.unsynced_acks.drain(..) {
-            ack.durable();
-        }
-    }
 }
+
+#[cfg(test)]
+mod tests;

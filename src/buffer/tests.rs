@@ -238,8 +238,9 @@ mod disk {
             .iter()
             .map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() })
             .collect();
-        let (positions, error) = writer.append(&frames);
-        assert!(error.is_none());
+        let appended = writer.append(&frames);
+        assert!(appended.error.is_none());
+        let positions = appended.positions;
         for (record, pos) in records.iter_mut().zip(positions) {
             record.pos = Some(pos);
         }
@@ -333,7 +334,7 @@ mod disk {
                 .iter()
                 .map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() })
                 .collect();
-            let (positions, _) = writer.append(&frames);
+            let positions = writer.append(&frames).positions;
             for (record, pos) in records.iter_mut().zip(&positions) {
                 record.pos = Some(*pos);
             }

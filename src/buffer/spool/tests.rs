@@ -20,9 +20,10 @@ fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
         .enumerate()
         .map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, key: None, payload: p.as_slice() })
         .collect();
-    let (positions, error) = writer.append(&records);
-    assert!(error.is_none(), "{error:?}");
-    positions
+    let appended = writer.append(&records);
+    assert!(appended.error.is_none(), "{:?}", appended.error);
+    assert_eq!(appended.durable, appended.positions.len());
+    appended.positions
 }
 
 fn read_all(spool: &Arc<Spool>, from: SpoolPos, upto: SpoolPos) -> ReadBatch {
