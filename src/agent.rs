@@ -93,6 +93,7 @@ pub async fn run(
         key: std::sync::RwLock::new(KeyRule::new(&config.ship, &pod)),
         ack_point: config.ack_point(),
         max_json_depth: config.ingest.max_json_depth as usize,
+        max_message: usize::try_from(config.largest_message()).unwrap_or(usize::MAX),
         abandon: abandon.clone(),
     });
 
@@ -233,7 +234,7 @@ fn undelivered(buffer: &Buffer) -> u64 {
 /// buffer in front of it and the writer for the spooler task.
 async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), AgentError> {
     if config.buffer.kind == BufferKind::Memory {
-        return Ok((Buffer::new(&config.buffer), None));
+        return Ok((Buffer::for_config(config), None));
     }
     let spool_config = config.spool();
     let dir = spool_config.dir.clone();
@@ -248,7 +249,7 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
     // A damaged region's records cannot be told apart: each counts as one, its bytes as bytes.
     metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(recovered.corrupt_regions);
     metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(recovered.corrupt_bytes);
-    let buffer = Buffer::with_spool(&config.buffer, spool, writer.end());
+    let buffer = Buffer::for_config_with_spool(config, spool, writer.end());
     Ok((buffer, Some(writer)))
 }
 

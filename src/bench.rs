@@ -359,7 +359,7 @@ pub fn producer_ceiling(
     records: u64,
     shape: &Shape,
 ) -> Result<ProducerResult, BenchError> {
-    let buffer = crate::buffer::Buffer::new(&config.buffer);
+    let buffer = crate::buffer::Buffer::for_config(config);
     let client = crate::ship::producer_config(config, &buffer);
     let acks = Arc::new(Acks { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
     let producer: ThreadedProducer<AckContext> = client.create_with_context(AckContext(Arc::clone(&acks)))?;

@@ -53,11 +53,13 @@ mod tests;
 /// just payload bytes (measured: see `docs/PERFORMANCE.md`).
 pub const RECORD_OVERHEAD: usize = 320;
 
-/// `buffer.max_bytes` is split: `1/LIBRDKAFKA_SHARE` for librdkafka's queue, the rest for the
-/// leases. A record in flight holds a lease for its first copy (the message librdkafka keeps)
-/// while librdkafka builds and compresses a request from it — a second copy bounded by its queue
-/// limit. So leases + librdkafka's queue stay within `buffer.max_bytes`, and peak RSS within
-/// `buffer.max_bytes` plus a constant (docs/PERFORMANCE.md).
+/// `buffer.max_bytes` is split: `1/LIBRDKAFKA_SHARE` for librdkafka's queue — or the largest
+/// message a listener allows, if that is more (a message larger than librdkafka's queue limit
+/// would wait for room forever) — and the rest for the leases. A record in flight holds a lease
+/// for its first copy (the message librdkafka keeps) while librdkafka builds and compresses a
+/// request from it — a second copy bounded by its queue limit. So leases + librdkafka's queue
+/// stay within `buffer.max_bytes`, and peak RSS within `buffer.max_bytes` plus a constant
+/// (docs/PERFORMANCE.md). Config validation keeps the leases able to hold the largest message.
 pub const LIBRDKAFKA_SHARE: usize = 5;
 
 /// A record between socket and Kafka acknowledgement.
@@ -179,6 +181,10 @@ struct Shared {
     records: Arc<Semaphore>,
     max_bytes: usize,
     max_records: usize,
+    /// Bytes of `buffer.max_bytes` kept for librdkafka's queue.
+    librdkafka_bytes: usize,
+    /// The largest message (envelope and key) a listener can produce; 0 when unknown (tests).
+    largest_message: usize,
     /// `when_full` and `block_timeout`; a config reload may change them.
     policy: std::sync::RwLock<Policy>,
     spool: Option<Arc<Spool>>,
@@ -225,23 +231,43 @@ impl Ages {
 }
 
 impl Buffer {
-    /// A memory-only buffer sized from `config`.
+    /// A memory-only buffer sized from `config`, for records of any size the budget allows.
     pub fn new(config: &BufferConfig) -> Self {
-        Self::build(config, None)
+        Self::build(config, 0, None)
+    }
+
+    /// The agent's memory-only buffer: sized from `[buffer]` and from the largest message the
+    /// listeners allow (see [`LIBRDKAFKA_SHARE`]).
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        Self::build(&config.buffer, Self::largest(config), None)
     }
 
     /// A buffer in front of `spool` (disk type). The spool's backlog is sent first.
     pub fn with_spool(config: &BufferConfig, spool: Arc<Spool>, written_end: SpoolPos) -> Self {
-        let buffer = Self::build(config, Some(spool));
-        buffer.lock().written_end = Some(written_end);
+        Self::spooled_buffer(config, 0, spool, written_end)
+    }
+
+    /// The agent's buffer in front of `spool` (see [`Buffer::for_config`]).
+    pub fn for_config_with_spool(config: &crate::config::Config, spool: Arc<Spool>, written_end: SpoolPos) -> Self {
+        Self::spooled_buffer(&config.buffer, Self::largest(config), spool, written_end)
+    }
+
+    fn largest(config: &crate::config::Config) -> usize {
+        usize::try_from(config.largest_message()).unwrap_or(usize::MAX)
+    }
+
+    fn spooled_buffer(config: &BufferConfig, largest_message: usize, spool: Arc<Spool>, end: SpoolPos) -> Self {
+        let buffer = Self::build(config, largest_message, Some(spool));
+        buffer.lock().written_end = Some(end);
         buffer
     }
 
-    fn build(config: &BufferConfig, spool: Option<Arc<Spool>>) -> Self {
+    fn build(config: &BufferConfig, largest_message: usize, spool: Option<Arc<Spool>>) -> Self {
         let budget = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
-        // A fifth of the budget is kept for librdkafka's own copy of what is in flight (see
-        // `LIBRDKAFKA_SHARE`); leases cover the rest.
-        let max_bytes = budget - budget / LIBRDKAFKA_SHARE;
+        // librdkafka's share (see `LIBRDKAFKA_SHARE`); leases cover the rest. Validation keeps
+        // the rest at least the largest message; `max(1)` only guards a budget nobody allows.
+        let librdkafka_bytes = (budget / LIBRDKAFKA_SHARE).max(largest_message).min(budget.saturating_sub(1));
+        let max_bytes = (budget - librdkafka_bytes).max(1);
         let max_records = config.max_records as usize;
         metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(max_bytes as f64);
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(max_records as f64);
@@ -257,6 +283,8 @@ impl Buffer {
                 records: Arc::new(Semaphore::new(max_records)),
                 max_bytes,
                 max_records,
+                librdkafka_bytes,
+                largest_message,
                 policy: std::sync::RwLock::new(Policy {
                     when_full: config.when_full,
                     block_timeout: config.block_timeout,
@@ -604,6 +632,16 @@ impl Buffer {
     /// Byte capacity.
     pub fn max_bytes(&self) -> usize {
         self.shared.max_bytes
+    }
+
+    /// Bytes of the budget kept for librdkafka's queue (its `queue.buffering.max.kbytes`).
+    pub fn librdkafka_bytes(&self) -> usize {
+        self.shared.librdkafka_bytes
+    }
+
+    /// The largest message (envelope and key) a listener can produce; 0 when not known.
+    pub fn largest_message(&self) -> usize {
+        self.shared.largest_message
     }
 
     /// Record capacity.

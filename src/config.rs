@@ -399,9 +399,10 @@ pub struct BufferConfig {
     #[serde(rename = "type")]
     pub kind: BufferKind,
     /// Memory budget for records between the socket and a Kafka acknowledgement: a fifth is
-    /// librdkafka's queue ([`crate::buffer::LIBRDKAFKA_SHARE`]), the rest holds records — queued,
-    /// in flight, read back from the spool — each charged its size plus
-    /// [`crate::buffer::RECORD_OVERHEAD`]. Default `64 MiB`.
+    /// librdkafka's queue ([`crate::buffer::LIBRDKAFKA_SHARE`]; at least
+    /// [`Config::largest_message`]), the rest holds records — queued, in flight, read back from
+    /// the spool — each charged its size plus [`crate::buffer::RECORD_OVERHEAD`]. At least twice
+    /// the largest message. Default `64 MiB`.
     pub max_bytes: ByteSize,
     /// Most records held in memory, for the same span. Default `200000`.
     pub max_records: u32,
@@ -715,6 +716,11 @@ pub const MIN_DISK_BYTES: u64 = 1024 * 1024;
 /// cannot hold even a few maximum-size records.
 pub const MIN_BUFFER_BYTES: u64 = 64 * 1024;
 
+/// Room for a record's envelope beyond the record itself, in [`Config::largest_message`]: the
+/// id, times, pod and peer fields and a `pod_name` key take well under 1 KiB (Kubernetes names
+/// are at most 253 bytes); a key taken from a JSON field is part of the record's own bytes.
+pub const ENVELOPE_HEADROOM: u64 = 4 * 1024;
+
 impl Config {
     /// The effective `ingest.ack_point`.
     pub fn ack_point(&self) -> crate::buffer::ack::AckPoint {
@@ -728,6 +734,24 @@ impl Config {
     /// The largest `max_record_size` of any listener.
     pub fn largest_record(&self) -> u64 {
         self.ingest.listeners.values().map(|listener| listener.max_record_size.as_u64()).max().unwrap_or(0)
+    }
+
+    /// The largest Kafka message (envelope and key) a record may become: twice the largest
+    /// record (JSON-escaping a text line grows it; the ingest sink refuses a record whose
+    /// message would be larger, `reason="too_large"`) plus [`ENVELOPE_HEADROOM`]. librdkafka's
+    /// queue and `message.max.bytes`, the backlog reader's chunk and the budget are sized to take
+    /// it.
+    pub fn largest_message(&self) -> u64 {
+        self.largest_record().saturating_mul(2).saturating_add(ENVELOPE_HEADROOM)
+    }
+
+    /// The listener with the largest `max_record_size`, for error messages.
+    fn largest_record_listener(&self) -> &str {
+        self.ingest
+            .listeners
+            .iter()
+            .max_by_key(|(_, listener)| listener.max_record_size.as_u64())
+            .map_or("default", |(name, _)| name.as_str())
     }
 
     /// Spool settings for `buffer.type = "disk"`.
@@ -895,12 +919,22 @@ impl Config {
         if buffer < MIN_BUFFER_BYTES {
             return Err(invalid("buffer.max_bytes", format!("must be at least {}", ByteSize(MIN_BUFFER_BYTES))));
         }
-        // A record's envelope adds metadata to it; four maximum records must fit so one large
-        // record can never wait forever for room that cannot exist.
-        if buffer < record.saturating_mul(4) {
+        // librdkafka's share must take the largest message, and the leases hold it besides: a
+        // message that fits neither waits forever for room that cannot exist.
+        let largest = self.largest_message();
+        if buffer < largest.saturating_mul(2) {
             return Err(invalid(
                 "buffer.max_bytes",
-                format!("must be at least 4 x the largest max_record_size of a listener ({})", ByteSize(record * 4)),
+                format!(
+                    "must be at least {} (twice the largest message a record may become: 2 x \
+                     ingest.listeners.{}.max_record_size = {} + {} for its envelope), so that \
+                     librdkafka's queue and the buffer can each take one; raise buffer.max_bytes or \
+                     lower max_record_size",
+                    ByteSize(largest * 2),
+                    self.largest_record_listener(),
+                    ByteSize(record),
+                    ByteSize(ENVELOPE_HEADROOM),
+                ),
             ));
         }
         // librdkafka's queue is sized from the buffer and caps at 2097151 KiB / 10M messages.

@@ -96,6 +96,10 @@ pub struct IngestContext {
     pub ack_point: AckPoint,
     /// Deepest JSON nesting accepted.
     pub max_json_depth: usize,
+    /// Largest Kafka message (envelope and key) a record may become
+    /// ([`crate::config::Config::largest_message`]); a record whose message would be larger is
+    /// refused as `too_large` (a text line dense in characters JSON must escape).
+    pub max_message: usize,
     /// Cancelled when the drain deadline passes: a reader still waiting for buffer room gives
     /// up its record (counted as `reason="drain_timeout"`) instead of waiting forever.
     pub abandon: CancellationToken,

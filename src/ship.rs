@@ -46,6 +46,9 @@ pub const STATISTICS_INTERVAL_MS: &str = "5000";
 /// Most records moved from the buffer to librdkafka per wake-up.
 const SEND_BATCH: usize = 512;
 
+/// Room above the largest message for the Kafka record's own framing (`message.max.bytes`).
+const MESSAGE_FRAMING: usize = 64 * 1024;
+
 /// Why the producer could not be created.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot create the Kafka producer: {0}")]
@@ -117,9 +120,13 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     }
     // librdkafka's queue holds a subset of the buffer's records (each keeps its lease while
     // there); its limit is the share of `buffer.max_bytes` set aside for librdkafka's second copy
-    // of them (`LIBRDKAFKA_SHARE`). A larger queue costs memory without adding throughput
-    // (measured: docs/PERFORMANCE.md).
-    let kbytes = (config.buffer.max_bytes.as_u64() as usize / LIBRDKAFKA_SHARE).div_ceil(1024) + 1;
+    // of them (`LIBRDKAFKA_SHARE`), never below the largest message a listener allows (it would
+    // get QUEUE_FULL forever). A larger queue costs memory without adding throughput (measured:
+    // docs/PERFORMANCE.md). librdkafka refuses a message above `message.max.bytes` (default
+    // 1,000,000) at once: it is set from the same largest message plus room for the framing. The
+    // broker's (topic's) `max.message.bytes` still bounds the compressed batch.
+    let kbytes = buffer.librdkafka_bytes().div_ceil(1024) + 1;
+    let message_max = (buffer.largest_message() + MESSAGE_FRAMING).clamp(1_000_000, 1_000_000_000);
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-agent")
@@ -131,6 +138,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("batch.size", config.ship.batch_size.as_u64().to_string())
         .set("message.timeout.ms", config.ship.delivery_timeout.as_millis().to_string())
         .set("queue.buffering.max.kbytes", kbytes.to_string())
+        .set("message.max.bytes", message_max.to_string())
         .set("queue.buffering.max.messages", (buffer.max_records() / LIBRDKAFKA_SHARE + 1).to_string());
     client
 }
@@ -423,7 +431,10 @@ impl Shipper {
         upto: SpoolPos,
         stop: &CancellationToken,
     ) -> SpoolReader {
-        let chunk = (self.buffer.max_bytes() / 16).clamp(16 * 1024, BACKLOG_CHUNK);
+        // The largest record must fit one chunk, or it would be put back forever.
+        let largest = self.buffer.cost(self.buffer.largest_message(), 0);
+        let chunk =
+            (self.buffer.max_bytes() / 16).clamp(16 * 1024, BACKLOG_CHUNK).max(largest).min(self.buffer.max_bytes());
         let records = (self.buffer.max_records() / 16).clamp(1, SEND_BATCH);
         let Some(mut lease) = self.buffer.try_backlog_lease(chunk, records) else {
             // No room now: what holds it is in flight (wait for its reports) or in memory (the

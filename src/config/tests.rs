@@ -387,3 +387,30 @@ mod postgres_tls {
         assert!(described.contains("falls back to plaintext"), "{described}");
     }
 }
+
+/// Issue 12, item 2: 2 MiB with 512 KiB records passed validation, and a 450 KiB line then
+/// waited forever: librdkafka's queue (a fifth of the budget) could never take its envelope.
+#[test]
+fn a_budget_that_cannot_take_the_largest_record_is_refused_naming_both_keys() {
+    let text = "[buffer]\nmax_bytes = \"2 MiB\"\n[ingest.listeners.default]\nmax_record_size = \"512 KiB\"\n";
+    match Config::from_toml(text) {
+        Err(ConfigError::Invalid { key, message, .. }) => {
+            assert_eq!(key, "buffer.max_bytes");
+            assert!(message.contains("ingest.listeners.default.max_record_size"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_smallest_budget_allowed_takes_two_of_the_largest_messages() {
+    let record = ByteSize::kib(256);
+    let text = |budget: u64| {
+        format!("[buffer]\nmax_bytes = \"{budget} B\"\n[ingest.listeners.default]\nmax_record_size = \"{record}\"\n")
+    };
+    let config = Config::from_toml(&text(2 * 1024 * 1024)).expect("2 MiB takes 256 KiB records");
+    let largest = config.largest_message();
+    assert_eq!(largest, 2 * 256 * 1024 + 4 * 1024, "twice the record (JSON escaping) plus room for the envelope");
+    assert!(Config::from_toml(&text(2 * largest)).is_ok());
+    assert!(Config::from_toml(&text(2 * largest - 1)).is_err());
+}

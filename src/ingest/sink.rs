@@ -132,6 +132,11 @@ impl<'a> RecordSink<'a> {
             KeyRule::Fixed(key) => Some(key.clone()),
             KeyRule::Field(field) => field_key(text, field),
         };
+        if self.envelope.len() + key.as_ref().map_or(0, Bytes::len) > self.ingest.max_message {
+            // Within max_record_size as written, but its message is larger than anything the
+            // buffer and librdkafka are sized for.
+            return self.reject(Rejected::TooLarge, ack);
+        }
         self.records += 1;
         self.bytes += raw_len as u64;
         if self.records >= COUNTER_FLUSH_EVERY {

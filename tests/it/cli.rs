@@ -34,6 +34,26 @@ fn check_config_exits_64_with_one_line_naming_the_key_and_file() {
     assert!(stderr.contains("typo.toml") && stderr.contains("buffer.when_ful"), "{stderr}");
 }
 
+/// Issue 12, item 2: this config passed, and a 450 KiB line then waited forever (librdkafka's
+/// queue, a fifth of 2 MiB, could never take its envelope).
+#[test]
+fn check_config_refuses_a_budget_too_small_for_the_largest_record_naming_both_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("small.toml");
+    std::fs::write(
+        &path,
+        "[buffer]\nmax_bytes = \"2 MiB\"\n[ingest.listeners.default]\nmax_record_size = \"512 KiB\"\n",
+    )
+    .expect("write");
+    let output = sluice(&["check-config", path.to_str().expect("path")]);
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("buffer.max_bytes") && stderr.contains("ingest.listeners.default.max_record_size"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn agent_with_a_bad_environment_override_exits_64_naming_the_variable() {
     let dir = tempfile::tempdir().expect("tempdir");

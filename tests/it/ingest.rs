@@ -59,3 +59,26 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
     })
     .await;
 }
+
+/// Issue 12, item 2: every message is sized to fit the buffer and librdkafka; a text line whose
+/// JSON-escaped form would outgrow that bound (control characters escape to six bytes) is refused
+/// as `too_large` instead of waiting forever for room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_large() {
+    let pipeline =
+        start_pipeline("escaped", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let quotes = vec![b'"'; 1024]; // escapes to 2 KiB: within the bound
+    send_lines(&config.socket(), &[vec![0x01; 1024], quotes.clone(), b"after".to_vec()]).await;
+    wait_for_rows(db, 2, WAIT).await;
+    let payloads: Vec<String> = db
+        .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads, vec![String::from_utf8(quotes).expect("utf-8"), "after".to_string()]);
+    let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[("reason", "too_large")]), 1.0);
+}

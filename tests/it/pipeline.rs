@@ -155,3 +155,90 @@ async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted()
     assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]), 1.0);
     assert_eq!(row_count(&db).await, 0);
 }
+
+/// The largest record `max_record_size` lets through, as one JSON line (newline excluded).
+fn largest_line(max_record_size: usize) -> Vec<u8> {
+    let prefix = br#"{"big":""#;
+    let mut line = prefix.to_vec();
+    line.resize(max_record_size - 2, b'x');
+    line.extend_from_slice(br#""}"#);
+    line
+}
+
+/// The smallest `buffer.max_bytes` validation allows for 256 KiB records: twice the largest
+/// message (2 x 256 KiB + 4 KiB).
+const SMALLEST_BUDGET_FOR_256_KIB: &str = "1032 KiB";
+
+/// Issue 12, item 2: a record within `max_record_size` never reached Kafka under a small budget
+/// (QUEUE_FULL forever: librdkafka's queue was a fifth of the budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_record_a_listener_accepts_is_delivered_under_the_smallest_budget_it_allows() {
+    let pipeline = start_pipeline("largest", 1, |config| {
+        config.set("buffer", "max_bytes", SMALLEST_BUDGET_FOR_256_KIB).listener(
+            "default",
+            "max_record_size",
+            "256 KiB",
+        );
+    })
+    .await;
+    let big = largest_line(256 * 1024);
+    send_lines(&pipeline.config.socket(), &[big.clone(), b"small after".to_vec()]).await;
+    wait_for_rows(&pipeline.db, 2, WAIT).await;
+    let rows = pipeline.db.query("SELECT payload FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
+    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(payloads, vec![String::from_utf8(big).expect("utf-8"), "small after".to_string()]);
+}
+
+/// The same record from the spool's backlog after a restart: the backlog reader's chunk was a
+/// sixteenth of the budget, too small for it, and it was put back forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart() {
+    let services = services();
+    let topic = unique("largest_spool");
+    create_topic(&services.kafka, &topic, 1).await;
+    let mut config = TestConfig::new(&services, &topic);
+    let spool = config.dir.path().join("spool").display().to_string();
+    config
+        .set("buffer", "type", "disk")
+        .set("buffer", "path", spool)
+        .set("buffer", "max_bytes", SMALLEST_BUDGET_FOR_256_KIB)
+        .set("agent", "drain_timeout", "1s")
+        .listener("default", "max_record_size", "256 KiB");
+    // First run: Kafka unreachable, both records stay in the spool.
+    let mut offline = TestConfig::new(&services, &topic);
+    offline.table = config.table.clone();
+    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port()));
+    let path = offline.write();
+    let mut agent = offline.spawn_agent_at(&path).await;
+    let big = largest_line(256 * 1024);
+    send_lines(&config.socket(), &[big.clone(), b"small after".to_vec()]).await;
+    let admin = config.agent_admin();
+    eventually("both spooled", || async {
+        (scrape(admin).await.count("sluice_spool_records", &[]) == 2.0).then_some(())
+    })
+    .await;
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+
+    let _persister = start_persister(&config).await;
+    let _agent = start_agent(&config).await;
+    let db = pg(&services, &config.schema()).await;
+    wait_for_rows(&db, 2, WAIT).await;
+    let rows = db.query("SELECT payload FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
+    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(payloads, vec![String::from_utf8(big).expect("utf-8"), "small after".to_string()]);
+}
+
+/// librdkafka's default `message.max.bytes` (1,000,000) is below the default `max_record_size`
+/// (1 MiB) once enveloped: a maximum-size record was given up as `message_size_too_large`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_of_the_default_maximum_size_is_delivered() {
+    let pipeline = start_pipeline("default_largest", 1, |_| {}).await;
+    let big = largest_line(1024 * 1024);
+    send_lines(&pipeline.config.socket(), &[big.clone()]).await;
+    wait_for_rows(&pipeline.db, 1, WAIT).await;
+    let metrics = scrape(pipeline.config.agent_admin()).await;
+    assert_eq!(metrics.count("sluice_ship_records_failed_total", &[]), 0.0);
+    let row = pipeline.db.query_one("SELECT length(payload) FROM logs", &[]).await.expect("row");
+    assert_eq!(row.get::<_, i32>(0) as usize, big.len());
+}
