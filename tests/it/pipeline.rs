@@ -235,7 +235,7 @@ async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart(
 async fn a_record_of_the_default_maximum_size_is_delivered() {
     let pipeline = start_pipeline("default_largest", 1, |_| {}).await;
     let big = largest_line(1024 * 1024);
-    send_lines(&pipeline.config.socket(), &[big.clone()]).await;
+    send_lines(&pipeline.config.socket(), std::slice::from_ref(&big)).await;
     wait_for_rows(&pipeline.db, 1, WAIT).await;
     let metrics = scrape(pipeline.config.agent_admin()).await;
     assert_eq!(metrics.count("sluice_ship_records_failed_total", &[]), 0.0);
