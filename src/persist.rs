@@ -240,6 +240,9 @@ fn consumer_config(config: &Config) -> ClientConfig {
         .set("client.id", "sluice-persist")
         .set("statistics.interval.ms", crate::ship::STATISTICS_INTERVAL_MS)
         .set("group.id", &config.persist.group_id)
+        // Managed keys (librdkafka's defaults): with TLS, certificate and host name verified.
+        .set("enable.ssl.certificate.verification", "true")
+        .set("ssl.endpoint.identification.algorithm", "https")
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.commit.interval.ms", "1000");

@@ -133,6 +133,10 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("statistics.interval.ms", STATISTICS_INTERVAL_MS)
         .set("acks", "all")
         .set("enable.idempotence", "true")
+        // librdkafka's defaults, set so that no pass-through can weaken them (they are managed
+        // keys): with TLS, the broker's certificate and host name are verified.
+        .set("enable.ssl.certificate.verification", "true")
+        .set("ssl.endpoint.identification.algorithm", "https")
         .set("compression.type", &config.ship.compression)
         .set("linger.ms", config.ship.linger.as_millis().to_string())
         .set("batch.size", config.ship.batch_size.as_u64().to_string())
@@ -272,22 +276,57 @@ impl ProducerContext for ShipContext {
 
 type Producer_ = ThreadedProducer<ShipContext>;
 
+/// Retires a producer that is no longer the shipper's: lets it deliver for up to `flush`, then
+/// purges what it still holds (queued and in flight) and waits for every delivery report before
+/// letting it go. rdkafka's own drop flushes for only 500 ms after its purge: reports not served
+/// in that time were lost with their leases and records. Blocking: run it on the blocking pool.
+///
+/// The wait has no deadline because a purge makes librdkafka fail every message at once; it
+/// says every `RETIRE_REPORT_EVERY` how many it still waits for.
+fn retire(old: Arc<Producer_>, flush: Duration) {
+    use rdkafka::producer::PurgeConfig;
+    if !flush.is_zero() {
+        let _ = old.flush(flush);
+    }
+    old.purge(PurgeConfig::default().queue().inflight());
+    let started = std::time::Instant::now();
+    let mut next_report = RETIRE_REPORT_EVERY;
+    while old.in_flight_count() > 0 {
+        // Serves the delivery reports the purge produced.
+        let _ = old.flush(Duration::from_millis(100));
+        if started.elapsed() >= next_report {
+            warn!(waiting = old.in_flight_count(), "a replaced kafka producer still owes delivery reports");
+            next_report += RETIRE_REPORT_EVERY;
+        }
+    }
+    drop(old);
+}
+
 /// The agent's producer and the task that feeds it.
 pub struct Shipper {
     /// The producer's settings; a config reload may replace them.
     config: RwLock<ClientConfig>,
     /// Settings waiting to be applied by the shipper's loop (a reload).
     pending: std::sync::Mutex<Option<ClientConfig>>,
+    /// Signalled when `pending` is set, so an idle shipper applies it at once.
+    reconfigured: tokio::sync::Notify,
     producer: RwLock<Arc<Producer_>>,
-    fatal: Arc<AtomicBool>,
+    /// Producers replaced after a fatal error (also `sluice_ship_producer_recreations_total`).
+    recreations: std::sync::atomic::AtomicU64,
+    /// How long a producer replaced with new settings may take to deliver what it holds.
+    reconfigure_flush: Duration,
     topic: String,
     buffer: Buffer,
     reachable: Arc<AtomicBool>,
     reached_once: Arc<AtomicBool>,
 }
 
-/// How long a producer being replaced with new settings may take to deliver what it holds.
+/// How long a producer being replaced with new settings may take to deliver what it holds
+/// before what it still holds is purged (and comes back to the buffer).
 const RECONFIGURE_FLUSH: Duration = Duration::from_secs(10);
+
+/// How often a producer being retired says it still waits for delivery reports.
+const RETIRE_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// Most backlog bytes read from the spool per batch (also bounded by an eighth of the budget).
 const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
@@ -296,14 +335,15 @@ impl Shipper {
     /// Creates the producer. It connects lazily; [`Shipper::probe`] tells when Kafka answers.
     pub fn new(config: &Config, buffer: Buffer) -> Result<Self, ShipError> {
         let client = producer_config(config, &buffer);
-        let fatal = Arc::new(AtomicBool::new(false));
-        let producer = Self::create(&client, &buffer, &fatal)?;
+        let producer = Self::create(&client, &buffer)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
         Ok(Self {
             config: RwLock::new(client),
             pending: std::sync::Mutex::new(None),
+            reconfigured: tokio::sync::Notify::new(),
             producer: RwLock::new(Arc::new(producer)),
-            fatal,
+            recreations: std::sync::atomic::AtomicU64::new(0),
+            reconfigure_flush: RECONFIGURE_FLUSH,
             topic: config.kafka.topic.clone(),
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
@@ -311,7 +351,9 @@ impl Shipper {
         })
     }
 
-    fn create(client: &ClientConfig, buffer: &Buffer, fatal: &Arc<AtomicBool>) -> Result<Producer_, ShipError> {
+    /// A producer with a fatal flag of its own: a retiring producer's late errors never mark
+    /// its replacement.
+    fn create(client: &ClientConfig, buffer: &Buffer) -> Result<Producer_, ShipError> {
         let context = ShipContext {
             buffer: buffer.clone(),
             delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
@@ -319,7 +361,7 @@ impl Shipper {
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
             latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
             errors: Arc::default(),
-            fatal: fatal.clone(),
+            fatal: Arc::new(AtomicBool::new(false)),
         };
         Ok(client.create_with_context(context)?)
     }
@@ -329,17 +371,22 @@ impl Shipper {
     }
 
     /// Asks the shipper to continue with new producer settings (config reload). It replaces the
-    /// producer between batches; the old one first delivers what it holds (for up to
-    /// `RECONFIGURE_FLUSH`), and whatever it still holds then comes back to the buffer.
+    /// producer between batches (at once if idle); the old one first delivers what it holds (for
+    /// up to `RECONFIGURE_FLUSH`), and whatever it still holds then comes back to the buffer.
     pub fn reconfigure(&self, config: &Config) {
         let client = producer_config(config, &self.buffer);
         *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
-        self.buffer.wake_shipper();
+        self.reconfigured.notify_one();
     }
 
-    /// Replaces the producer: after a fatal error, or with new settings. The old one is dropped
-    /// on the blocking pool: its drop purges what it still held, and those records return to the
-    /// buffer through their (retryable) delivery reports.
+    /// Producers replaced after a fatal error so far.
+    pub fn recreations(&self) -> u64 {
+        self.recreations.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the producer: after a fatal error, or with new settings. The old one is retired
+    /// on the blocking pool ([`retire`]): every record it still holds comes back to the buffer
+    /// through its (retryable) delivery report before it is gone.
     async fn recreate(&self) {
         let pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         let reconfigured = pending.is_some();
@@ -347,34 +394,43 @@ impl Shipper {
             *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         }
         let client = self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let fresh = match Self::create(&client, &self.buffer, &self.fatal) {
+        let fresh = match Self::create(&client, &self.buffer) {
             Ok(producer) => Arc::new(producer),
             Err(error) => {
                 error!(%error, "cannot create a replacement producer; retrying");
+                if reconfigured {
+                    // Try the new settings again next time.
+                    *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 return;
             }
         };
         let old =
             std::mem::replace(&mut *self.producer.write().unwrap_or_else(|poisoned| poisoned.into_inner()), fresh);
-        if reconfigured {
-            info!("kafka producer replaced with new settings");
-            let _ = tokio::task::spawn_blocking(move || {
-                let _ = old.flush(RECONFIGURE_FLUSH);
-                drop(old)
-            })
-            .await;
-        } else {
-            self.fatal.store(false, Ordering::Relaxed);
+        let fatal = old.context().fatal.load(Ordering::Relaxed);
+        if fatal {
+            self.recreations.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(1);
             warn!("kafka producer replaced after a fatal error");
-            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        } else {
+            info!("kafka producer replaced with new settings");
+        }
+        // A fatal producer can deliver nothing more: purge it at once.
+        let flush = if fatal { Duration::ZERO } else { self.reconfigure_flush };
+        if tokio::task::spawn_blocking(move || retire(old, flush)).await.is_err() {
+            error!("retiring the old kafka producer did not run to its end");
         }
     }
 
     fn must_recreate(&self) -> bool {
-        self.fatal.load(Ordering::Relaxed)
+        self.producer().context().fatal.load(Ordering::Relaxed)
             || self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
+    }
+
+    #[cfg(test)]
+    fn set_reconfigure_flush(&mut self, flush: Duration) {
+        self.reconfigure_flush = flush;
     }
 
     /// True while the last metadata request succeeded.
@@ -399,6 +455,7 @@ impl Shipper {
             }
             let work = tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = self.reconfigured.notified() => continue,
                 work = self.buffer.next_work(prefer_backlog) => work,
             };
             prefer_backlog = !prefer_backlog;
@@ -498,7 +555,7 @@ impl Shipper {
 
     async fn send(&self, record: Record, stop: &CancellationToken) {
         let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
-        let producer = self.producer();
+        let mut producer = self.producer();
         let in_flight = Box::new(InFlight { lease, retries, pos, ingest_ms, ack });
         let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
@@ -508,6 +565,21 @@ impl Shipper {
             match producer.send(base) {
                 Ok(()) => return,
                 Err((error, returned)) => {
+                    if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal))
+                        || producer.context().fatal.load(Ordering::Relaxed)
+                    {
+                        // A fatal idempotent producer refuses every produce: replace it here,
+                        // not between batches, and send this record with the new one.
+                        producer.context().fatal.store(true, Ordering::Relaxed);
+                        if stop.is_cancelled() {
+                            producer.context().unsent(*returned.delivery_opaque);
+                            return;
+                        }
+                        self.recreate().await;
+                        producer = self.producer();
+                        base = returned;
+                        continue;
+                    }
                     let retryable = classify(&error) == Disposition::Retry;
                     if retryable && stop.is_cancelled() {
                         // Shutting down with librdkafka full: a spooled record stays owed on disk

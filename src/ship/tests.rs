@@ -73,3 +73,125 @@ fn the_default_record_limit_fits_librdkafkas_message_limit() {
     let message: u64 = client.get("message.max.bytes").and_then(|v| v.parse().ok()).expect("message.max.bytes");
     assert!(message > 2 * 1024 * 1024, "{message}");
 }
+
+mod mock {
+    //! A real librdkafka producer against librdkafka's mock cluster, to put it into states a
+    //! real broker reaches only by accident.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::buffer::Admission;
+    use crate::buffer::ack::{AckEvent, AckPoint, AckTracker};
+
+    fn mock_config(bootstrap: &str, extra: &str) -> Config {
+        Config::from_toml(&format!(
+            "[kafka]\nbrokers = \"{bootstrap}\"\ntopic = \"logs\"\n[ship]\nlinger = \"1ms\"\n{extra}"
+        ))
+        .expect("valid")
+    }
+
+    /// Pushes `n` records, each with a `delivered` ack.
+    async fn push(buffer: &Buffer, tracker: &Arc<AckTracker>, n: usize) {
+        for i in 0..n {
+            let payload = Bytes::from(format!("{{\"n\":{i}}}"));
+            buffer.push(payload, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await.expect("room");
+        }
+    }
+
+    /// Waits until every record of `tracker` up to `n` is settled; the refusals seen meanwhile.
+    async fn settled(tracker: &AckTracker, n: u64) -> Vec<AckEvent> {
+        let mut refusals = Vec::new();
+        let waited = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                for event in tracker.next_events().await {
+                    match event {
+                        AckEvent::Upto(upto) if upto >= n => return,
+                        AckEvent::Upto(_) => {}
+                        refused => refusals.push(refused),
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "records still unsettled after 60 s (refused so far: {refusals:?})");
+        refusals
+    }
+
+    /// Issue 12, item 3: after a fatal error librdkafka refuses every produce with ERR__FATAL,
+    /// which `classify` calls retryable: `send` looped on the dead producer forever and the
+    /// replacement between batches was never reached.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fatal_idempotent_producer_is_replaced_from_the_send_path_and_every_record_is_delivered() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("logs", 1, 1).expect("topic");
+        // The head-of-line ProduceRequest fails with a sequence desynchronisation: fatal for an
+        // idempotent producer.
+        cluster
+            .request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER]);
+        let config = mock_config(&cluster.bootstrap_servers(), "");
+        let buffer = Buffer::for_config(&config);
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone()).expect("producer"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (shipper, stop) = (shipper.clone(), stop.clone());
+            async move { shipper.run(stop).await }
+        });
+        let tracker = AckTracker::new(AckPoint::Delivered);
+        push(&buffer, &tracker, 200).await;
+        let refusals = settled(&tracker, 200).await;
+        assert!(refusals.is_empty(), "every record delivered: {refusals:?}");
+        assert_eq!(shipper.recreations(), 1);
+        assert_eq!(buffer.held_records(), 0, "every lease came back");
+        stop.cancel();
+        task.await.expect("shipper");
+    }
+
+    /// Issue 12, item 5: a producer replaced with new settings was dropped by rdkafka, which
+    /// purges and then flushes for only 500 ms: delivery reports not served by then would be lost
+    /// with their leases and records. (Not reproduced: the purge makes every report at once, and
+    /// 500 ms served 40,000 of them here. The producer is now retired only when it owes none; this
+    /// keeps that invariant.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replaced_producer_hands_back_every_record_it_held_before_it_is_gone() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("logs", 1, 1).expect("topic");
+        let config = mock_config(&cluster.bootstrap_servers(), "");
+        let buffer = Buffer::for_config(&config);
+        let mut shipper = Shipper::new(&config, buffer.clone()).expect("producer");
+        shipper.set_reconfigure_flush(Duration::from_millis(100));
+        let shipper = Arc::new(shipper);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (shipper, stop) = (shipper.clone(), stop.clone());
+            async move { shipper.run(stop).await }
+        });
+        let tracker = AckTracker::new(AckPoint::Delivered);
+        // Connected first, then slow: the records sit in flight, far longer than the flush.
+        push(&buffer, &tracker, 1).await;
+        settled(&tracker, 1).await;
+        cluster.broker_round_trip_time(1, Duration::from_secs(3)).expect("rtt");
+        push(&buffer, &tracker, 5000).await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while buffer.queued_records() > 0 || shipper.producer().in_flight_count() < 5000 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the records reach librdkafka");
+        shipper.reconfigure(&mock_config(&cluster.bootstrap_servers(), "compression = \"lz4\"\n"));
+        cluster.broker_round_trip_time(1, Duration::ZERO).expect("rtt");
+        let refusals = settled(&tracker, 5001).await;
+        assert!(refusals.is_empty(), "{refusals:?}");
+        assert_eq!(buffer.held_records(), 0, "every lease came back");
+        assert_eq!(shipper.recreations(), 0, "not a fatal error");
+        stop.cancel();
+        task.await.expect("shipper");
+    }
+}
