@@ -552,28 +552,51 @@ pub const MAX_PENDING_CHUNKS: usize = 1024;
 /// reader is done and every chunk is answered, the client goes away, or the drain deadline
 /// passes. A chunk with a refused record is not answered: the client resends it.
 pub async fn write_chunk_acks(
+    writer: OwnedWriteHalf,
+    tracker: Arc<AckTracker>,
+    chunks: mpsc::Receiver<PendingChunk>,
+    abandon: CancellationToken,
+) {
+    write_chunk_acks_within(writer, tracker, chunks, abandon, MAX_PENDING_CHUNKS).await;
+}
+
+/// [`write_chunk_acks`] holding at most `max_pending` chunks (tests use a small bound).
+async fn write_chunk_acks_within(
     mut writer: OwnedWriteHalf,
     tracker: Arc<AckTracker>,
     mut chunks: mpsc::Receiver<PendingChunk>,
     abandon: CancellationToken,
+    max_pending: usize,
 ) {
     let mut pending: VecDeque<(PendingChunk, bool)> = VecDeque::new();
+    // Refused records of chunks not taken from the channel yet (the pending bound was reached):
+    // their chunk is marked when it arrives. Bounded by the connection's unsettled records.
+    let mut refused_ahead: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
     let mut watermark = 0u64;
     let mut reader_done = false;
     loop {
         tokio::select! {
             biased;
-            chunk = chunks.recv(), if !reader_done && pending.len() < MAX_PENDING_CHUNKS => match chunk {
-                Some(chunk) => pending.push_back((chunk, false)),
+            chunk = chunks.recv(), if !reader_done && pending.len() < max_pending => match chunk {
+                Some(chunk) => {
+                    let later = refused_ahead.split_off(&(chunk.last + 1));
+                    let failed = !refused_ahead.is_empty();
+                    refused_ahead = later;
+                    pending.push_back((chunk, failed));
+                }
                 None => reader_done = true,
             },
             events = tracker.next_events() => {
                 for event in events {
                     match event {
                         AckEvent::Refused { seq, .. } => {
-                            // The chunk holding `seq` is the first whose last record is >= seq.
-                            if let Some((_, failed)) = pending.iter_mut().find(|(chunk, _)| chunk.last >= seq) {
-                                *failed = true;
+                            // The chunk holding `seq` is the first whose last record is >= seq;
+                            // if it is still in the channel, remember the refusal for it.
+                            match pending.iter_mut().find(|(chunk, _)| chunk.last >= seq) {
+                                Some((_, failed)) => *failed = true,
+                                None => {
+                                    refused_ahead.insert(seq);
+                                }
                             }
                         }
                         AckEvent::Upto(seq) => watermark = seq,

@@ -302,3 +302,41 @@ fn ack_response_is_a_msgpack_map_with_the_chunk() {
     let value = rmpv::decode::read_value(&mut bytes.as_slice()).expect("decode");
     assert_eq!(value, map(&[("ack", Value::from("abc=="))]));
 }
+
+/// Issue 12, item 11: with the pending bound reached, a refusal for a chunk still in the channel
+/// matched nothing and that chunk was acknowledged anyway (the client never resent its refused
+/// record).
+#[tokio::test]
+async fn a_chunk_refused_while_still_queued_beyond_the_pending_bound_is_not_acknowledged() {
+    use tokio::io::AsyncReadExt;
+
+    use crate::buffer::ack::{AckPoint, AckTracker};
+
+    let (ours, theirs) = tokio::net::UnixStream::pair().expect("pair");
+    let (_, writer) = ours.into_split();
+    let tracker = AckTracker::new(AckPoint::Delivered);
+    let (chunks, receiver) = mpsc::channel(8);
+    let task = tokio::spawn(write_chunk_acks_within(writer, tracker.clone(), receiver, CancellationToken::new(), 2));
+    // Four chunks of one record each; the writer holds two, the other two wait in the channel.
+    let acks: Vec<_> = (1..=4).map(|_| tracker.issue()).collect();
+    for (n, ack) in acks.iter().enumerate() {
+        chunks.send(PendingChunk { chunk: format!("c{}", n + 1), last: ack.seq() }).await.expect("queued");
+    }
+    tokio::task::yield_now().await;
+    let mut acks = acks.into_iter();
+    let (one, two, three, four) =
+        (acks.next().expect("1"), acks.next().expect("2"), acks.next().expect("3"), acks.next().expect("4"));
+    four.refused("drop_newest");
+    tokio::task::yield_now().await;
+    one.durable();
+    two.durable();
+    three.durable();
+    drop(chunks);
+    tracker.finish_reading();
+    tokio::time::timeout(std::time::Duration::from_secs(5), task).await.expect("writer ends").expect("task");
+    let mut replies = Vec::new();
+    let mut theirs = theirs;
+    theirs.read_to_end(&mut replies).await.expect("read");
+    let expected: Vec<u8> = ["c1", "c2", "c3"].iter().flat_map(|c| ack_response(c)).collect();
+    assert_eq!(replies, expected, "c4 had a refused record");
+}
