@@ -1,16 +1,21 @@
 //! `sluice agent`: wires ingest → buffer → ship with the admin server, and runs the drain.
 //!
-//! Owns: start-up order (bind everything first, so conflicts fail fast; then spawn), readiness
-//! (listening, Kafka reachable, not draining) and the shutdown sequence. Must not: contain
-//! pipeline logic of its own, or exit the process.
+//! Owns: the agent's lifecycle — build (bind everything first, so conflicts fail fast), spawn
+//! (every task under [`Tasks`]: one that fails starts the drain and the agent exits non-zero),
+//! run, drain, report — readiness (listening, Kafka reachable, not draining) and the shutdown
+//! sequence. Must not: contain pipeline logic of its own, or exit the process.
 //!
-//! Shutdown, in order: readiness goes false → the listener stops accepting and connections read
-//! what is already in their sockets → (disk) the spool writer writes what they accepted and seals
-//! its segment → records keep shipping until Kafka has acknowledged all of them or
-//! `agent.drain_timeout` passes → the producer is flushed → whatever is still unacknowledged is
-//! logged with its count: with a disk buffer it stays in the spool for the next start; with a
-//! memory buffer it is lost, logged at ERROR and counted as `reason="drain_timeout"` → the admin
-//! server stops.
+//! Drain, in order (each stage has a token of its own): readiness goes false → listeners stop
+//! accepting; connections read while data keeps coming, until they idle or half of
+//! `agent.drain_timeout` has passed, then shut their socket's read side (a writer's next write
+//! fails), take in what is queued and close → at the deadline whatever still waits gives up,
+//! counted `drain_timeout` → only when every connection has finished does (disk) the spool
+//! writer write what they accepted and seal its segment → records ship until Kafka has
+//! acknowledged all of them (the wait is woken by each settlement) or the deadline passes → the
+//! producer is closed (flush, purge, every delivery report served: none can come later) → the
+//! final count: with a disk buffer what Kafka did not acknowledge stays in the spool for the next
+//! start; what is only in memory is lost, logged at ERROR and counted as `drain_timeout`; one
+//! `drain finished` line sums it up → the admin server stops.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -29,6 +34,7 @@ use crate::config::reload::{self, Reloading};
 use crate::config::{BufferKind, Config, KeySource, ShipConfig};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
 use crate::ingest::{self, IngestContext, IngestError, KeyRule};
+use crate::lifecycle::Tasks;
 use crate::ship::{ShipError, Shipper};
 use crate::telemetry;
 
@@ -51,6 +57,9 @@ pub enum AgentError {
     /// The Kafka producer.
     #[error(transparent)]
     Ship(#[from] ShipError),
+    /// A task failed (panicked, or ended before it was asked to stop); the agent drained.
+    #[error("tasks failed: {}", .0.join("; "))]
+    TasksFailed(Vec<String>),
     /// The disk spool could not be opened.
     #[error("cannot open the spool in {path}: {source}")]
     Spool {
@@ -64,29 +73,37 @@ pub enum AgentError {
 /// What the drain achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrainReport {
-    /// Records still not acknowledged by Kafka when the agent stopped (for a disk buffer they
-    /// stay in the spool).
+    /// Records still not acknowledged by Kafka when the agent stopped (for a disk buffer those
+    /// that were spooled stay in the spool).
     pub undelivered: usize,
+    /// Of those, records lost (counted as `drain_timeout`).
+    pub lost: usize,
+    /// Records connections gave up at the deadline before they reached the buffer (counted as
+    /// `drain_timeout` too).
+    pub abandoned: usize,
 }
 
-/// Runs the agent until `shutdown` is cancelled, then drains.
+/// Runs the agent until `shutdown` is cancelled (a signal, or a task that failed), then drains.
+/// Returns an error if a task failed, after the drain.
 pub async fn run(
     config: Config,
     reloading: Option<Reloading>,
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> Result<DrainReport, AgentError> {
+    // ---- Build: everything that can fail to start fails here, before anything runs.
     telemetry::register_agent_series();
     let pod = PodMetadata::from_env();
-    let (buffer, spooler) = open_buffer(&config).await?;
+    let (buffer, spool_writer) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
     let admin = AdminServer::bind(&config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     let envelopes = EnvelopeWriter::new(&pod);
     info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");
 
+    // Each stage of the drain stops on a token of its own.
+    let stages = Stages::default();
     let draining = Arc::new(AtomicBool::new(false));
-    let abandon = CancellationToken::new();
     let context = Arc::new(IngestContext {
         buffer: buffer.clone(),
         envelopes,
@@ -94,85 +111,152 @@ pub async fn run(
         ack_point: config.ack_point(),
         max_json_depth: config.ingest.max_json_depth as usize,
         max_message: usize::try_from(config.largest_message()).unwrap_or(usize::MAX),
-        abandon: abandon.clone(),
+        stop_reading: stages.stop_reading.clone(),
+        abandon: stages.abandon.clone(),
+        abandoned: std::sync::atomic::AtomicU64::new(0),
     });
 
-    let background = CancellationToken::new();
+    // ---- Spawn: every task under `tasks`; one that fails starts the drain, like a signal.
+    let tasks = Tasks::new(shutdown.clone());
     let ready = readiness(&shipper, &draining);
     let running = Arc::new(RwLock::new(config.clone()));
     reload::publish(None, &reload::fingerprint(&config));
-    let admin_task = tokio::spawn(admin.serve(metrics, ready.clone(), config_view(&running), background.clone()));
+    let background = &stages.background;
+    let mut services = vec![tasks.service(
+        "admin",
+        background.clone(),
+        admin.serve(metrics, ready.clone(), config_view(&running), background.clone()),
+    )];
     if let Some(reloading) = reloading {
         let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
-        tokio::spawn(reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload")));
+        let follow = reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload"));
+        services.push(tasks.service("reload", background.clone(), follow));
     }
-    let probe_task = tokio::spawn(probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone()));
-    let spooler_stop = CancellationToken::new();
-    let spooler_task = spooler.map(|writer| {
-        let task = spooler::run(buffer.clone(), writer, config.spool().fsync, spooler_stop.clone());
-        tokio::spawn(task.instrument(info_span!("spool")))
+    let probe = probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone());
+    services.push(tasks.service("probe", background.clone(), probe));
+    let spooler_task = spool_writer.map(|writer| {
+        let task = spooler::run(buffer.clone(), writer, config.spool().fsync, stages.spooler.clone());
+        tasks.service("spooler", stages.spooler.clone(), task.instrument(info_span!("spool")))
     });
-    let ship_stop = CancellationToken::new();
     let ship_task = {
-        let shipper = shipper.clone();
-        let stop = ship_stop.clone();
-        tokio::spawn(async move { shipper.run(stop).await }.instrument(info_span!("ship")))
+        let (shipper, stop) = (shipper.clone(), stages.ship.clone());
+        tasks.service("shipper", stop.clone(), async move { shipper.run(stop).await }.instrument(info_span!("ship")))
     };
     let connections = TaskTracker::new();
     let listen_tasks: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
             let serve = listener.serve(context.clone(), connections.clone(), shutdown.clone());
-            tokio::spawn(serve.instrument(info_span!("ingest")))
+            tasks.service("listener", shutdown.clone(), serve.instrument(info_span!("ingest")))
         })
         .collect();
 
+    // ---- Run until a signal, or a task that failed.
     shutdown.cancelled().await;
+
+    // ---- Drain.
     draining.store(true, Ordering::Relaxed);
     metrics::gauge!(telemetry::READY).set(0.0);
-    let deadline = Instant::now() + config.agent.drain_timeout;
+    let started = Instant::now();
+    let deadline = started + config.agent.drain_timeout;
     info!(buffer = buffer.describe(), deadline_seconds = config.agent.drain_timeout.as_secs_f64(), "draining");
-
+    // 1. No new connections; open ones read while data keeps coming, until they idle or half the
+    //    drain timeout has passed: then they stop reading (a writer's next write fails), take in
+    //    what is already in their socket, and close. The other half is for shipping.
     for task in listen_tasks {
-        let _ = task.await;
+        tasks.join(task).await;
     }
     connections.close();
-    let connections_done = tokio::time::timeout_at(deadline, connections.wait()).await.is_ok();
-    if !connections_done {
-        // Readers still waiting for room give up their record, counted.
-        warn!(buffer = buffer.describe(), "connections still reading at the drain deadline");
-        abandon.cancel();
+    let read_deadline = started + config.agent.drain_timeout / 2;
+    if tokio::time::timeout_at(read_deadline, connections.wait()).await.is_err() {
+        info!("connections still reading at half the drain timeout: they stop reading now");
+        stages.stop_reading.cancel();
     }
-    // The spool writer writes what the readers accepted, then seals its segment.
-    spooler_stop.cancel();
+    // 2. A connection still waiting at the deadline (for buffer room, a rate limit, or a writer
+    //    reading its acknowledgements) gives up, counting what it holds as `drain_timeout`. Every
+    //    wait of a connection ends on `abandon`, so they all finish: only then may the spool
+    //    writer stop and the final count be taken (a record pushed later would be in neither).
+    if tokio::time::timeout_at(deadline, connections.wait()).await.is_err() {
+        warn!(buffer = buffer.describe(), "connections still busy at the drain deadline; they give up");
+        stages.abandon();
+        if tokio::time::timeout(CONNECTIONS_AFTER_ABANDON, connections.wait()).await.is_err() {
+            error!("connections did not finish after the drain deadline: records they read later are not counted");
+        }
+    }
+    // 3. The spool writer writes what the connections accepted, then seals its segment.
+    stages.spooler.cancel();
     if let Some(task) = spooler_task {
-        let _ = task.await;
+        tasks.join(task).await;
     }
-    while undelivered(&buffer) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // 4. Ship until Kafka has every record or the deadline passes.
+    if !buffer.wait_until_delivered(deadline).await {
+        warn!(buffer = buffer.describe(), "the drain deadline passed with records not yet acknowledged by kafka");
     }
-    abandon.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
-    ship_stop.cancel();
-    let _ = ship_task.await;
-    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-    shipper.flush(remaining).await;
+    stages.abandon();
+    stages.ship.cancel();
+    tasks.join(ship_task).await;
+    // 5. After this no delivery report can come: every record is delivered, or back in the buffer.
+    shipper.close(deadline.saturating_duration_since(Instant::now())).await;
 
-    let undelivered = undelivered(&buffer);
+    // ---- Report.
+    let report = account(&buffer, context.abandoned.load(Ordering::Relaxed));
     buffer.report();
-    match (undelivered, buffer.spool().is_some()) {
-        (0, _) => info!("drained: every accepted record was acknowledged by kafka"),
-        (count, true) => {
-            warn!(undelivered = count, "records not yet acknowledged by kafka stay in the spool for the next start")
-        }
-        (count, false) => {
-            error!(undelivered = count, "records not acknowledged by kafka before the drain deadline are lost");
-            metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(count);
-        }
+    stages.background.cancel();
+    for task in services {
+        tasks.join(task).await;
     }
-    background.cancel();
-    let _ = tokio::join!(admin_task, probe_task);
-    Ok(DrainReport { undelivered: undelivered as usize })
+    let failures = tasks.failures();
+    if !failures.is_empty() {
+        return Err(AgentError::TasksFailed(failures));
+    }
+    Ok(report)
+}
+
+/// How long connections may take to finish after the drain deadline told them to give up
+/// (every wait of theirs ends on it: this only guards against a bug).
+const CONNECTIONS_AFTER_ABANDON: Duration = Duration::from_secs(5);
+
+/// The tokens of the drain's stages, cancelled in this order: connections stop reading, give
+/// up waiting (`abandon`), the spool writer stops, the shipper stops, the background tasks
+/// (admin, probe, reload) stop last so `/readyz` and `/metrics` show the drain.
+#[derive(Default)]
+struct Stages {
+    stop_reading: CancellationToken,
+    abandon: CancellationToken,
+    spooler: CancellationToken,
+    ship: CancellationToken,
+    background: CancellationToken,
+}
+
+impl Stages {
+    /// The drain deadline: whatever waits gives up (reading stops first, if it had not).
+    fn abandon(&self) {
+        self.stop_reading.cancel();
+        self.abandon.cancel();
+    }
+}
+
+/// The final count, after the shipper is closed: records still held in memory are lost (memory
+/// buffer, or accepted but never written to the spool) and counted as `drain_timeout`; with a
+/// disk buffer, spooled records not yet acknowledged stay in the spool for the next start.
+fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
+    let (lost, in_spool) = match buffer.spool() {
+        Some(spool) => (buffer.queued_intake() as u64, spool.undelivered()),
+        None => (buffer.held_records() as u64, 0),
+    };
+    if lost > 0 {
+        error!(lost, "records not acknowledged by kafka before the drain deadline are lost");
+        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(lost);
+    }
+    if in_spool > 0 {
+        warn!(undelivered = in_spool, "records not yet acknowledged by kafka stay in the spool for the next start");
+    }
+    if lost == 0 && in_spool == 0 && abandoned == 0 {
+        info!("drained: every accepted record was acknowledged by kafka");
+    }
+    // One line with the whole drain's outcome, beside the counters (a scrape may miss the end).
+    info!(lost, in_spool, abandoned, "drain finished");
+    DrainReport { undelivered: (lost + in_spool) as usize, lost: lost as usize, abandoned: abandoned as usize }
 }
 
 /// `/config`: the running config, secrets redacted.
@@ -220,14 +304,6 @@ async fn reload_agent(live: Live, running: Arc<RwLock<Config>>, stop: Cancellati
     let path = live.reloading.path.clone();
     reload::follow(path, reload::Role::Agent, &running, stop, |current, effective| live.apply(current, effective))
         .await;
-}
-
-/// Records not yet acknowledged by Kafka: in memory, or (disk type) in the spool.
-fn undelivered(buffer: &Buffer) -> u64 {
-    match buffer.spool() {
-        Some(spool) => spool.undelivered() + buffer.queued_intake() as u64,
-        None => buffer.held_records() as u64,
-    }
 }
 
 /// The memory buffer, or for `buffer.type = "disk"` the spool (recovered from disk) with the

@@ -177,6 +177,10 @@ struct Shared {
     ready: Notify,
     /// Signalled when the intake gains a record (disk type). One consumer: the spool writer.
     intake_ready: Notify,
+    /// Signalled when records are settled, while the drain waits for the last of them
+    /// (`drain_waiting`): the drain waits on this, not on a timer.
+    settled: Notify,
+    drain_waiting: std::sync::atomic::AtomicBool,
     bytes: Arc<Semaphore>,
     records: Arc<Semaphore>,
     max_bytes: usize,
@@ -279,6 +283,8 @@ impl Buffer {
                 queues: Mutex::new(Queues::default()),
                 ready: Notify::new(),
                 intake_ready: Notify::new(),
+                settled: Notify::new(),
+                drain_waiting: std::sync::atomic::AtomicBool::new(false),
                 bytes: Arc::new(Semaphore::new(max_bytes)),
                 records: Arc::new(Semaphore::new(max_records)),
                 max_bytes,
@@ -447,6 +453,7 @@ impl Buffer {
                     self.shared.ages.released(record.ingest_ms);
                     record.refuse("drop_oldest");
                 }
+                self.notify_settled();
             }
         }
         count
@@ -591,6 +598,40 @@ impl Buffer {
     /// Wakes the shipper (the backlog changed outside the buffer's knowledge).
     pub fn wake_shipper(&self) {
         self.shared.ready.notify_one();
+    }
+
+    /// Records accepted and not yet acknowledged by Kafka (or counted): for a memory buffer,
+    /// those held; for a disk buffer, those the spool owes plus those not written to it yet.
+    pub fn undelivered(&self) -> u64 {
+        match &self.shared.spool {
+            Some(spool) => spool.undelivered() + self.queued_intake() as u64,
+            None => self.held_records() as u64,
+        }
+    }
+
+    /// Records were settled (delivered, given up, or dropped with their segment): wakes the
+    /// drain if it waits for the last of them.
+    pub fn notify_settled(&self) {
+        if self.shared.drain_waiting.load(Ordering::Relaxed) {
+            self.shared.settled.notify_waiters();
+        }
+    }
+
+    /// Waits until every accepted record is acknowledged by Kafka (true) or `deadline` passes
+    /// (false). Woken by [`Buffer::notify_settled`], not by a timer.
+    pub async fn wait_until_delivered(&self, deadline: tokio::time::Instant) -> bool {
+        self.shared.drain_waiting.store(true, Ordering::Relaxed);
+        loop {
+            // Created before the check, so a settlement between the two is not missed.
+            let settled = self.shared.settled.notified();
+            if self.undelivered() == 0 {
+                return true;
+            }
+            tokio::select! {
+                _ = settled => {}
+                _ = tokio::time::sleep_until(deadline) => return self.undelivered() == 0,
+            }
+        }
     }
 
     /// Records held in memory: queued here or in flight to Kafka.

@@ -100,9 +100,17 @@ pub struct IngestContext {
     /// ([`crate::config::Config::largest_message`]); a record whose message would be larger is
     /// refused as `too_large` (a text line dense in characters JSON must escape).
     pub max_message: usize,
-    /// Cancelled when the drain deadline passes: a reader still waiting for buffer room gives
-    /// up its record (counted as `reason="drain_timeout"`) instead of waiting forever.
+    /// Cancelled when connections must stop reading during a drain (half the drain timeout):
+    /// each shuts the read side of its socket (the writer's next write fails) and takes in only
+    /// what is already queued there.
+    pub stop_reading: CancellationToken,
+    /// Cancelled when the drain deadline passes: a reader still waiting for buffer room, a rate
+    /// limit or its acknowledgement writer gives up, counting its record as
+    /// `reason="drain_timeout"`, instead of waiting forever.
     pub abandon: CancellationToken,
+    /// Records given up at the drain deadline before they reached the buffer (also counted as
+    /// `drain_timeout`), for the drain's report.
+    pub abandoned: std::sync::atomic::AtomicU64,
 }
 
 /// The Kafka key rule, resolved once from `ship.key`.
@@ -342,7 +350,7 @@ async fn accept(
                 };
                 let span = tracing::info_span!("connection", listener = %context.name, id = next_id);
                 let task = connection::serve(stream, next_id, slot, context.clone(), ingest.clone(), stop.clone());
-                tracker.spawn(task.instrument(span));
+                tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
             }
             Err(error) => {
                 // EMFILE and friends: back off instead of spinning; the listener survives.

@@ -15,6 +15,7 @@ pub mod config;
 pub mod envelope;
 pub mod ingest;
 pub mod inject;
+pub mod lifecycle;
 pub mod persist;
 pub mod ship;
 pub mod shutdown;

@@ -35,6 +35,7 @@ use tracing::{debug, error, info, warn};
 use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ReadinessCheck};
 use crate::config::Config;
 use crate::config::reload::{self, Reloading};
+use crate::lifecycle::Tasks;
 use crate::telemetry;
 
 pub mod row;
@@ -90,6 +91,9 @@ pub enum PersistError {
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] AdminError),
+    /// A task failed (panicked, or ended before it was asked to stop); the persister drained.
+    #[error("tasks failed: {}", .0.join("; "))]
+    TasksFailed(Vec<String>),
 }
 
 /// tokio-postgres says only "db error"; the server's message, code and constraint are what an
@@ -284,10 +288,19 @@ pub async fn run(
     let ready = readiness(&assigned, &database_ok, &draining);
     let running = Arc::new(std::sync::RwLock::new(config.clone()));
     reload::publish(None, &reload::fingerprint(&config));
-    let admin_task =
-        tokio::spawn(admin.serve(metrics, ready.clone(), crate::agent::config_view(&running), background.clone()));
+    // Every task under `tasks`; one that fails starts the drain, like a signal.
+    let tasks = Tasks::new(shutdown.clone());
+    let mut services = vec![tasks.service(
+        "admin",
+        background.clone(),
+        admin.serve(metrics, ready.clone(), crate::agent::config_view(&running), background.clone()),
+    )];
     if let Some(reloading) = reloading {
-        tokio::spawn(reload_persister(reloading, running.clone(), background.clone()));
+        services.push(tasks.service(
+            "reload",
+            background.clone(),
+            reload_persister(reloading, running.clone(), background.clone()),
+        ));
     }
 
     let result = async {
@@ -304,16 +317,20 @@ pub async fn run(
         let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
-        let maintenance = tokio::spawn(maintain(config.clone(), shutdown.clone()));
+        let maintenance = tasks.service("maintenance", shutdown.clone(), maintain(config.clone(), shutdown.clone()));
         let lag_stop = CancellationToken::new();
-        let lag_task = tokio::spawn(report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
-        let probe = tokio::spawn(probe_database(config.postgres.clone(), database_ok.clone(), background.clone()));
+        let lag_task =
+            tasks.service("lag", lag_stop.clone(), report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
+        let probe = probe_database(config.postgres.clone(), database_ok.clone(), background.clone());
+        let probe = tasks.service("database probe", background.clone(), probe);
         let run = Run { config: &config, running: &running, consumer: &consumer, database_ok: &database_ok, lag: &lag };
-        consume(&run, writers, &shutdown).await;
+        // Not spawned (it borrows the run), but watched: a panicking lane starts the drain, and
+        // only offsets of committed batches were stored.
+        tasks.watch("consume", consume(&run, writers, &shutdown)).await;
         draining.store(true, Ordering::Relaxed);
         // The lag task holds the consumer too: stop it first so the consumer closes below.
         lag_stop.cancel();
-        let _ = lag_task.await;
+        tasks.join(lag_task).await;
         let committer = consumer.clone();
         match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
             Ok(Ok(())) | Ok(Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset))) => {}
@@ -321,21 +338,30 @@ pub async fn run(
                 metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
                 warn!(%error, "final offset commit failed; the next owner re-reads (no duplicate rows)");
             }
-            Err(error) => warn!(%error, "final offset commit did not run"),
+            Err(error) => tasks.fail("final commit", &error.to_string()),
         }
         // Closing the consumer leaves the group at once, so its partitions move without waiting
         // for the session timeout. It may block briefly: do it off the runtime's workers.
-        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
-        let _ = maintenance.await;
-        drop(probe); // stops with `background`
-        Ok(())
+        if let Err(error) = tokio::task::spawn_blocking(move || drop(consumer)).await {
+            tasks.fail("consumer close", &error.to_string());
+        }
+        tasks.join(maintenance).await;
+        services.push(probe); // stops with `background`
+        Ok::<(), PersistError>(())
     }
     .await;
     draining.store(true, Ordering::Relaxed);
     background.cancel();
-    let _ = admin_task.await;
+    for task in services {
+        tasks.join(task).await;
+    }
     info!("persister stopped");
-    result
+    result?;
+    let failures = tasks.failures();
+    if !failures.is_empty() {
+        return Err(PersistError::TasksFailed(failures));
+    }
+    Ok(())
 }
 
 fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, draining: &Arc<AtomicBool>) -> ReadinessCheck {
@@ -574,6 +600,7 @@ async fn sleep_until_opt(at: Option<Instant>) {
 async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToken, mut batch: Batch) -> bool {
     let Run { config, consumer, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
+    crate::lifecycle::fail_point("persist_write");
     loop {
         batch.set_aside_outside(&window(config));
         let started = Instant::now();

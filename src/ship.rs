@@ -205,6 +205,7 @@ impl ShipContext {
             }
         }
         drop(lease);
+        self.buffer.notify_settled();
     }
 }
 
@@ -459,6 +460,7 @@ impl Shipper {
                 work = self.buffer.next_work(prefer_backlog) => work,
             };
             prefer_backlog = !prefer_backlog;
+            crate::lifecycle::fail_point("ship");
             match work {
                 Work::Memory => {
                     self.buffer.pop_batch(SEND_BATCH, &mut batch);
@@ -522,6 +524,7 @@ impl Shipper {
             metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt")
                 .increment(batch.corrupt_records);
             metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
+            self.buffer.notify_settled();
         }
         let mut records = batch.records.into_iter();
         while let Some(record) = records.next() {
@@ -624,9 +627,14 @@ impl Shipper {
         ok
     }
 
-    /// Waits (on the blocking pool) until librdkafka has no record left or `timeout` passes.
-    pub async fn flush(&self, timeout: Duration) -> bool {
+    /// The end of the drain: lets the producer deliver for up to `timeout`, then purges what it
+    /// still holds and waits for every delivery report ([`retire`]). After this no report can
+    /// come, so the final count of what is undelivered stays true (a late success would make a
+    /// record both delivered and counted lost). Call it once the shipper's task has stopped.
+    pub async fn close(&self, timeout: Duration) {
         let producer = self.producer();
-        tokio::task::spawn_blocking(move || producer.flush(timeout).is_ok()).await.unwrap_or(false)
+        if tokio::task::spawn_blocking(move || retire(producer, timeout)).await.is_err() {
+            error!("closing the kafka producer did not run to its end");
+        }
     }
 }

@@ -126,6 +126,7 @@ impl Spooler {
     }
 
     async fn write(&mut self, mut records: Vec<Record>, stop: &CancellationToken) {
+        crate::lifecycle::fail_point("spool");
         while !records.is_empty() {
             let need: u64 =
                 records.iter().map(|r| super::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
@@ -249,6 +250,7 @@ impl Spooler {
                 metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
                     .increment(dropped.lost);
                 self.buffer.wake_shipper();
+                self.buffer.notify_settled();
                 true
             }
             None => false,

@@ -37,8 +37,11 @@ use crate::config::Protocol;
 use crate::envelope::{EnvelopeWriter, Peer};
 use crate::telemetry::Rejected;
 
-/// After shutdown starts, a connection keeps reading while data keeps coming, and closes once
-/// it has been idle this long (or at end of stream). Bounded overall by the drain deadline.
+/// After shutdown starts, a connection keeps reading while data keeps coming, and stops once it
+/// has been idle this long, or when the agent tells it to (half the drain timeout): then it
+/// shuts the read side of its socket, so the writer's next write fails instead of landing where
+/// nobody reads, takes in what is already queued, and closes. Every record it read is then
+/// delivered, spooled, or counted.
 pub const DRAIN_IDLE: Duration = Duration::from_millis(250);
 
 /// Initial read buffer; it grows with the records, up to `max_record_size` plus one read.
@@ -82,6 +85,8 @@ pub async fn serve(
     let idle = listener.config.idle_timeout;
     let mut first = true;
     let mut draining = false;
+    // The read side is shut: what is queued is read to its end, nothing more can come.
+    let mut read_shut = false;
     loop {
         let ready = frames.next().now_or_never();
         if ready.is_none() {
@@ -90,10 +95,22 @@ pub async fn serve(
         }
         let next = if let Some(next) = ready {
             next
+        } else if read_shut {
+            frames.next().await
         } else if draining {
-            match tokio::time::timeout(DRAIN_IDLE, frames.next()).await {
-                Ok(next) => next,
-                Err(_) => break,
+            let next = tokio::select! {
+                biased;
+                _ = ingest.stop_reading.cancelled() => None,
+                next = tokio::time::timeout(DRAIN_IDLE, frames.next()) => next.ok(),
+            };
+            match next {
+                Some(next) => next,
+                None => {
+                    // Idle, or told to stop: take in what is queued, then the end of stream.
+                    shut_read(frames.get_ref());
+                    read_shut = true;
+                    continue;
+                }
             }
         } else {
             let read = async {
@@ -156,6 +173,16 @@ pub async fn serve(
     drop(slot);
     listener.metrics.open.decrement(1.0);
     debug!("connection closed");
+}
+
+/// Shuts the read side of a connection's socket. On a Unix stream socket the peer's next write
+/// then fails (`EPIPE`) instead of landing in a socket nobody reads, while what is already
+/// queued can still be read, up to the end of stream.
+fn shut_read(read_half: &tokio::net::unix::OwnedReadHalf) {
+    let stream: &UnixStream = read_half.as_ref();
+    if let Err(error) = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Read) {
+        debug!(%error, "could not shut the read side of the socket");
+    }
 }
 
 /// One Forward message: decode, then each event to the sink; chunk acknowledged by the writer

@@ -120,8 +120,13 @@ impl<'a> RecordSink<'a> {
             if !allowed {
                 match limits.action {
                     RateLimitAction::Drop => return self.reject(Rejected::RateLimited, ack),
-                    // The drain deadline passed while waiting.
-                    RateLimitAction::Throttle => return abandoned(),
+                    // The drain deadline passed while waiting: read, so counted as read, and
+                    // given up.
+                    RateLimitAction::Throttle => {
+                        self.records += 1;
+                        self.bytes += raw_len as u64;
+                        return self.abandoned();
+                    }
                 }
             }
         }
@@ -146,9 +151,12 @@ impl<'a> RecordSink<'a> {
         let ingest_ms = now.timestamp_millis() as u64;
         let push = self.ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission);
         tokio::select! {
+            // Past the drain deadline nothing more enters the buffer: the final count may
+            // already be taken.
+            biased;
+            _ = self.ingest.abandon.cancelled() => self.abandoned(),
             // A drop by policy is counted (and its ack refused) by the buffer.
             _ = push => {}
-            _ = self.ingest.abandon.cancelled() => abandoned(),
         }
     }
 
@@ -177,6 +185,12 @@ impl<'a> RecordSink<'a> {
         true
     }
 
+    /// A record given up at the drain deadline (its ack, never settled, is not acknowledged).
+    fn abandoned(&self) {
+        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
+        self.ingest.abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Adds the local counts to the listener's counters.
     pub fn flush_counters(&mut self) {
         if self.records > 0 {
@@ -192,11 +206,6 @@ impl Drop for RecordSink<'_> {
     fn drop(&mut self) {
         self.flush_counters();
     }
-}
-
-/// A record given up at the drain deadline (its ack, never settled, is not acknowledged).
-fn abandoned() {
-    metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
 }
 
 /// The key from a JSON record's top-level `field`: a string's content, or any other value's JSON
