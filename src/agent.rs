@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ConfigView, ReadinessCheck};
+use crate::buffer::ack::AckBudget;
 use crate::buffer::spool::{Spool, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading};
@@ -114,6 +115,8 @@ pub async fn run(
         stop_reading: stages.stop_reading.clone(),
         abandon: stages.abandon.clone(),
         abandoned: std::sync::atomic::AtomicU64::new(0),
+        acks: AckBudget::new(ack_limit(&config), ACK_WINDOW),
+        read_pool: ingest::read_pool(&config.ingest),
     });
 
     // ---- Spawn: every task under `tasks`; one that fails starts the drain, like a signal.
@@ -210,6 +213,16 @@ pub async fn run(
         return Err(AgentError::TasksFailed(failures));
     }
     Ok(report)
+}
+
+/// Most records one acknowledged-mode connection may have numbered and not yet reported to its
+/// writer (see `AckBudget`): a writer that never reads its acknowledgements is held there.
+const ACK_WINDOW: u64 = 8192;
+
+/// Most unreported acknowledged records over all connections: a quarter of `buffer.max_records`
+/// (and at least one window), each costing at most `ACK_STATE_BYTES`.
+fn ack_limit(config: &Config) -> usize {
+    (config.buffer.max_records as usize / 4).max(ACK_WINDOW as usize)
 }
 
 /// How long connections may take to finish after the drain deadline told them to give up

@@ -111,6 +111,22 @@ pub struct IngestContext {
     /// Records given up at the drain deadline before they reached the buffer (also counted as
     /// `drain_timeout`), for the drain's report.
     pub abandoned: std::sync::atomic::AtomicU64,
+    /// How many records acknowledged-mode connections may have unreported.
+    pub acks: Arc<crate::buffer::ack::AckBudget>,
+    /// The shared read pool, in [`connection::READ_UNIT`]s: room for connections to hold long
+    /// records unread beyond [`connection::SMALL_READ`] each (see [`read_pool`]).
+    pub read_pool: Arc<Semaphore>,
+}
+
+/// Bytes of the shared read pool: what all connections together may hold unread beyond their
+/// small share. Never less than one record of the largest `max_record_size` can need.
+pub const READ_POOL_BYTES: usize = 8 * 1024 * 1024;
+
+/// The shared read pool for `config`'s listeners (see [`IngestContext::read_pool`]).
+pub fn read_pool(config: &IngestConfig) -> Arc<Semaphore> {
+    let largest = config.listeners.values().map(|listener| connection::read_units(listener.max_record_bytes())).max();
+    let units = (READ_POOL_BYTES / connection::READ_UNIT) as u32;
+    Arc::new(Semaphore::new(units.max(largest.unwrap_or(0)) as usize))
 }
 
 /// The Kafka key rule, resolved once from `ship.key`.

@@ -9,6 +9,13 @@
 //! An [`Ack`] travels with its record through the buffer and librdkafka; whoever decides the
 //! record's fate settles it. An `Ack` dropped unsettled (the process is stopping) is simply never
 //! acknowledged, which is the truth: the writer must not count that record as durable.
+//!
+//! Bounded: a record's state here (out-of-order settlements, refusals not yet told, an ack parked
+//! in the spool) lasts until it is reported to its writer, and a connection may have at most
+//! [`AckBudget`]'s window of records numbered but not yet reported — past it the reader waits
+//! (backpressure on that writer alone, e.g. one that never reads its acknowledgements) — and all
+//! connections together at most the budget's limit. Each such record costs at most
+//! [`ACK_STATE_BYTES`].
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,6 +55,50 @@ pub enum AckEvent {
     Upto(u64),
 }
 
+/// The most an unreported acknowledgement costs in memory: a settled-ahead entry, a refusal
+/// waiting to be told, and an ack parked in the spool (for docs/PERFORMANCE.md's bound).
+pub const ACK_STATE_BYTES: usize = 128;
+
+/// How many records may be numbered and not yet reported to their writer: per connection, and
+/// over all connections of the agent.
+pub struct AckBudget {
+    /// Per connection.
+    window: u64,
+    /// All connections.
+    limit: usize,
+    unreported: std::sync::atomic::AtomicUsize,
+    freed: Notify,
+}
+
+impl AckBudget {
+    /// A budget of `limit` unreported records in all, at most `window` per connection.
+    pub fn new(limit: usize, window: u64) -> Arc<Self> {
+        Arc::new(Self {
+            window: window.max(1),
+            limit: limit.max(1),
+            unreported: std::sync::atomic::AtomicUsize::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    /// No limit (tests of the tracker alone).
+    pub fn unlimited() -> Arc<Self> {
+        Self::new(usize::MAX, u64::MAX)
+    }
+
+    /// Records numbered and not yet reported, over all connections.
+    pub fn unreported(&self) -> usize {
+        self.unreported.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn release(&self, records: u64) {
+        if records > 0 {
+            self.unreported.fetch_sub(records as usize, std::sync::atomic::Ordering::Relaxed);
+            self.freed.notify_waiters();
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Numbers handed out so far (the last one).
@@ -69,12 +120,37 @@ pub struct AckTracker {
     point: AckPoint,
     state: Mutex<State>,
     changed: Notify,
+    budget: Arc<AckBudget>,
 }
 
 impl AckTracker {
-    /// A tracker for a connection that asked to hear at `point`.
+    /// A tracker for a connection that asked to hear at `point`, with no limit on what it may
+    /// have unreported (tests).
     pub fn new(point: AckPoint) -> Arc<Self> {
-        Arc::new(Self { point, state: Mutex::new(State::default()), changed: Notify::new() })
+        Self::within(point, AckBudget::unlimited())
+    }
+
+    /// A tracker whose unreported records count against `budget`.
+    pub fn within(point: AckPoint, budget: Arc<AckBudget>) -> Arc<Self> {
+        Arc::new(Self { point, state: Mutex::new(State::default()), changed: Notify::new(), budget })
+    }
+
+    /// Waits until this connection may number another record: its own unreported records are
+    /// below the window and all connections' below the limit. The caller bounds the wait (the
+    /// drain deadline).
+    pub async fn room(&self) {
+        loop {
+            // Created before the check: a release between the two wakes it.
+            let freed = self.budget.freed.notified();
+            let own = {
+                let state = self.lock();
+                state.issued - state.reported_upto
+            };
+            if own < self.budget.window && self.budget.unreported() < self.budget.limit {
+                return;
+            }
+            freed.await;
+        }
     }
 
     /// The point this connection asked for.
@@ -91,6 +167,7 @@ impl AckTracker {
     pub fn issue(self: &Arc<Self>) -> Ack {
         let mut state = self.lock();
         state.issued += 1;
+        self.budget.unreported.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ack { tracker: self.clone(), seq: state.issued, point: self.point }
     }
 
@@ -138,8 +215,11 @@ impl AckTracker {
             AckEvent::Upto(_) => 0,
         });
         if state.settled_upto > state.reported_upto {
+            let newly = state.settled_upto - state.reported_upto;
             state.reported_upto = state.settled_upto;
             events.push(AckEvent::Upto(state.settled_upto));
+            drop(state);
+            self.budget.release(newly);
         }
         events
     }
@@ -163,6 +243,16 @@ impl AckTracker {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for AckTracker {
+    /// The last `Ack` of a connection is gone: its state with it.
+    fn drop(&mut self) {
+        let state = self.lock();
+        let unreported = state.issued - state.reported_upto;
+        drop(state);
+        self.budget.release(unreported);
     }
 }
 
@@ -224,6 +314,44 @@ mod tests {
         three.refused("drop_newest");
         assert_eq!(tracker.take_events(), vec![AckEvent::Refused { seq: 3, reason: "drop_newest" }, AckEvent::Upto(3)]);
         assert!(tracker.all_reported());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_waits_for_room_past_its_window_until_its_acks_are_reported() {
+        let budget = AckBudget::new(100, 2);
+        let tracker = AckTracker::within(AckPoint::Delivered, budget.clone());
+        let (one, _two) = (tracker.issue(), tracker.issue());
+        assert_eq!(budget.unreported(), 2);
+        let waiting = tokio::spawn({
+            let tracker = tracker.clone();
+            async move { tracker.room().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!waiting.is_finished(), "two numbered, none reported: the window is full");
+        one.durable();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "settled is not enough: the writer has not been told");
+        assert_eq!(tracker.take_events(), vec![AckEvent::Upto(1)]);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("room").expect("task");
+        assert_eq!(budget.unreported(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn all_connections_together_stay_within_the_limit_and_a_closed_one_gives_its_share_back() {
+        let budget = AckBudget::new(2, 100);
+        let first = AckTracker::within(AckPoint::Delivered, budget.clone());
+        let second = AckTracker::within(AckPoint::Delivered, budget.clone());
+        let held = (first.issue(), first.issue());
+        let waiting = tokio::spawn({
+            let second = second.clone();
+            async move { second.room().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        assert!(!waiting.is_finished(), "the agent-wide limit is reached");
+        drop(held); // unsettled acks dropped: the connection and its records are gone
+        drop(first);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("room").expect("task");
+        assert_eq!(budget.unreported(), 0);
     }
 
     #[tokio::test]

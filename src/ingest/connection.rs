@@ -22,7 +22,7 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,14 @@ pub const DRAIN_IDLE: Duration = Duration::from_millis(250);
 
 /// Initial read buffer; it grows with the records, up to `max_record_size` plus one read.
 const READ_CAPACITY: usize = 8 * 1024;
+
+/// Unread bytes a connection may hold without asking: records up to about this size need no
+/// room from the agent's shared read pool. With the read buffer's doubling a connection holds at
+/// most twice this (32 KiB) unless it is given room.
+pub const SMALL_READ: usize = 16 * 1024;
+
+/// The unit the shared read pool is counted in.
+pub const READ_UNIT: usize = 16 * 1024;
 
 /// The first line that switches a connection to acknowledged mode.
 pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
@@ -78,6 +86,7 @@ pub async fn serve(
     let (read_half, write_half) = stream.into_split();
     let framer = Accounted::new(StreamFramer::new(&listener, ingest.max_json_depth), listener.clone());
     let mut frames = FramedRead::with_capacity(read_half, framer, READ_CAPACITY);
+    let mut room = ReadRoom::new(&ingest, listener.config.max_record_bytes());
     let limit_key =
         listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
     let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
@@ -133,7 +142,17 @@ pub async fn serve(
             }
         };
         let frame = match next {
-            Some(Ok(frame)) => frame,
+            Some(Ok(Gated::Frame(frame))) => frame,
+            Some(Ok(Gated::NeedRoom(held))) => {
+                // A long record is arriving: it may grow past what a connection holds freely.
+                let allowed = tokio::select! {
+                    biased;
+                    _ = ingest.abandon.cancelled() => break,
+                    allowed = room.grow(held) => allowed,
+                };
+                frames.decoder_mut().allowed = allowed;
+                continue;
+            }
             Some(Err(error)) => {
                 debug!(%error, "read failed; closing connection");
                 break;
@@ -150,19 +169,39 @@ pub async fn serve(
                 forward_message(&bytes, &mut sink, &mut replies, &ingest, &listener).await;
             }
             Frame::Record(bytes) => {
-                let ack = replies.tracker.as_ref().map(|tracker| tracker.issue());
+                let ack = match &replies.tracker {
+                    Some(tracker) => match numbered(tracker, &ingest).await {
+                        Some(ack) => Some(ack),
+                        None => {
+                            sink.give_up();
+                            continue;
+                        }
+                    },
+                    None => None,
+                };
                 sink.offer(&bytes, ack).await;
             }
             Frame::TooLarge { len } => {
                 debug!(len, "record too large");
-                let ack = replies.line_ack();
+                let ack = replies.line_ack(&ingest).await;
                 sink.reject(Rejected::TooLarge, ack);
             }
             Frame::Broken(reason) => {
                 debug!(reason = reason.as_str(), "stream cannot be framed; closing connection");
-                let ack = replies.line_ack();
+                let ack = replies.line_ack(&ingest).await;
                 sink.reject(reason, ack);
                 break;
+            }
+        }
+        if room.held() && frames.read_buffer().len() <= SMALL_READ {
+            // The long record is through: its room goes back, and so does the memory.
+            room.release();
+            frames.decoder_mut().allowed = SMALL_READ;
+            let buffer = frames.read_buffer_mut();
+            if buffer.capacity() > 2 * SMALL_READ {
+                let rest = buffer.split();
+                *buffer = BytesMut::with_capacity(READ_CAPACITY.max(rest.len()));
+                buffer.extend_from_slice(&rest);
             }
         }
     }
@@ -173,6 +212,17 @@ pub async fn serve(
     drop(slot);
     listener.metrics.open.decrement(1.0);
     debug!("connection closed");
+}
+
+/// The next record's number on an acknowledged connection, once the connection (and the agent)
+/// may have another record unreported ([`crate::buffer::ack::AckBudget`]): a writer that does not
+/// read its acknowledgements is held here. `None` if the drain deadline came first.
+async fn numbered(tracker: &Arc<AckTracker>, ingest: &IngestContext) -> Option<crate::buffer::ack::Ack> {
+    tokio::select! {
+        biased;
+        _ = ingest.abandon.cancelled() => None,
+        _ = tracker.room() => Some(tracker.issue()),
+    }
 }
 
 /// Shuts the read side of a connection's socket. On a Unix stream socket the peer's next write
@@ -234,17 +284,18 @@ struct Replies {
 impl Replies {
     /// Acknowledged lines: every record from now on is numbered.
     fn start_line_acks(&mut self, ingest: &IngestContext) {
-        let tracker = AckTracker::new(ingest.ack_point);
+        let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         if let Some(writer) = self.write_half.take() {
             self.task = Some(tokio::spawn(write_line_acks(writer, tracker.clone(), ingest.abandon.clone())));
         }
         self.tracker = Some(tracker);
     }
 
-    /// In acknowledged-lines mode, a number for a record that is refused before it has a body.
-    fn line_ack(&self) -> Option<crate::buffer::ack::Ack> {
+    /// In acknowledged-lines mode, a number for a record that is refused before it has a body
+    /// (none if the drain deadline came while waiting for room: the refusal is still counted).
+    async fn line_ack(&self, ingest: &IngestContext) -> Option<crate::buffer::ack::Ack> {
         match (&self.tracker, &self.chunks) {
-            (Some(tracker), None) => Some(tracker.issue()),
+            (Some(tracker), None) => numbered(tracker, ingest).await,
             _ => None,
         }
     }
@@ -254,7 +305,7 @@ impl Replies {
         if let (Some(tracker), Some(chunks)) = (&self.tracker, &self.chunks) {
             return (tracker.clone(), chunks.clone());
         }
-        let tracker = AckTracker::new(ingest.ack_point);
+        let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         let (chunks, receiver) = mpsc::channel(forward::MAX_PENDING_CHUNKS);
         if let Some(writer) = self.write_half.take() {
             self.task = Some(tokio::spawn(forward::write_chunk_acks(
@@ -364,17 +415,29 @@ impl Decoder for StreamFramer {
     }
 }
 
+/// What the connection's reader gets: a frame, or word that the unread bytes have reached what
+/// it may hold (`held` bytes) and it must get room before reading on.
+pub enum Gated {
+    /// A frame.
+    Frame(Frame),
+    /// Room needed for more than this many unread bytes.
+    NeedRoom(usize),
+}
+
 /// A framer that reports how many bytes its connection holds unread to the listener's
-/// `sluice_ingest_read_buffer_bytes` (it sees the read buffer after every read).
+/// `sluice_ingest_read_buffer_bytes` (it sees the read buffer after every read), and stops the
+/// reading when they reach what the connection may hold ([`Gated::NeedRoom`]).
 struct Accounted<D> {
     inner: D,
     listener: Arc<ListenerContext>,
     held: usize,
+    /// Unread bytes the connection may hold: [`SMALL_READ`], plus room from the shared pool.
+    allowed: usize,
 }
 
 impl<D> Accounted<D> {
     fn new(inner: D, listener: Arc<ListenerContext>) -> Self {
-        Self { inner, listener, held: 0 }
+        Self { inner, listener, held: 0, allowed: SMALL_READ }
     }
 
     fn report(&mut self, now: usize) {
@@ -386,19 +449,25 @@ impl<D> Accounted<D> {
 }
 
 impl<D: Decoder<Item = Frame, Error = std::io::Error>> Decoder for Accounted<D> {
-    type Item = Frame;
+    type Item = Gated;
     type Error = std::io::Error;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Gated>, Self::Error> {
+        self.report(buf.len());
+        if buf.len() > self.allowed {
+            // Not handed to the framer yet: it sees these bytes once there is room for them.
+            return Ok(Some(Gated::NeedRoom(buf.len())));
+        }
         let frame = self.inner.decode(buf);
         self.report(buf.len());
-        frame
+        frame.map(|frame| frame.map(Gated::Frame))
     }
 
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Gated>, Self::Error> {
+        // Nothing more arrives: what is held is all there is.
         let frame = self.inner.decode_eof(buf);
         self.report(buf.len());
-        frame
+        frame.map(|frame| frame.map(Gated::Frame))
     }
 }
 
@@ -406,4 +475,70 @@ impl<D> Drop for Accounted<D> {
     fn drop(&mut self) {
         self.report(0);
     }
+}
+
+/// A connection's share of the agent's read pool: room to hold a long record's bytes unread
+/// beyond [`SMALL_READ`]. Without it, 1,024 connections each reading a 1 MiB record would hold
+/// a GiB; with it, all connections together hold at most the pool (twice it, with the read
+/// buffers' doubling) beyond their small share.
+///
+/// Room grows by doubling as long as the pool has it; when it does not, the connection lets go
+/// of what it holds and waits for all a record can need (`full`), so two connections never wait
+/// for each other's room (no hold-and-wait). The pool always has at least `full`.
+struct ReadRoom {
+    pool: Arc<Semaphore>,
+    full: u32,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl ReadRoom {
+    fn new(ingest: &IngestContext, max_record_size: usize) -> Self {
+        Self { pool: ingest.read_pool.clone(), full: read_units(max_record_size), held: None }
+    }
+
+    fn held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Unread bytes the connection may hold: with all a record can need, no more limit here
+    /// (the framer holds no more than a record and one read).
+    fn allowed(&self) -> usize {
+        match &self.held {
+            Some(held) if held.num_permits() >= self.full as usize => usize::MAX,
+            Some(held) => SMALL_READ + held.num_permits() * READ_UNIT,
+            None => SMALL_READ,
+        }
+    }
+
+    /// Room for more than `held` unread bytes; returns how many may be held now.
+    async fn grow(&mut self, held: usize) -> usize {
+        let have = self.held.as_ref().map_or(0, |held| held.num_permits() as u32);
+        let needed = (held.saturating_sub(SMALL_READ) / READ_UNIT + 1) as u32;
+        let wanted = needed.max(have.saturating_mul(2)).min(self.full);
+        if wanted > have {
+            match self.pool.clone().try_acquire_many_owned(wanted - have) {
+                Ok(more) => match &mut self.held {
+                    Some(permit) => permit.merge(more),
+                    None => self.held = Some(more),
+                },
+                Err(_) => {
+                    self.held = None;
+                    // The pool is never closed.
+                    if let Ok(all) = self.pool.clone().acquire_many_owned(self.full).await {
+                        self.held = Some(all);
+                    }
+                }
+            }
+        }
+        self.allowed()
+    }
+
+    fn release(&mut self) {
+        self.held = None;
+    }
+}
+
+/// Pool units a record of `max_record_size` can need unread: the record and one read chunk.
+pub fn read_units(max_record_size: usize) -> u32 {
+    u32::try_from((max_record_size + 64 * 1024).div_ceil(READ_UNIT)).unwrap_or(u32::MAX)
 }

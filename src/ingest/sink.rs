@@ -185,6 +185,13 @@ impl<'a> RecordSink<'a> {
         true
     }
 
+    /// A record read but given up at the drain deadline before it got a number (acknowledged
+    /// mode): counted as `drain_timeout`.
+    pub fn give_up(&mut self) {
+        self.records += 1;
+        self.abandoned();
+    }
+
     /// A record given up at the drain deadline (its ack, never settled, is not acknowledged).
     fn abandoned(&self) {
         metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);

@@ -309,3 +309,101 @@ async fn drop_counts_every_rate_limited_record_exactly() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(row_count(db).await, accepted as i64, "dropped records are not stored");
 }
+
+fn vm_kib(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| line.strip_prefix(field)?.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Issue 12, item 12: what hostile peers can make the agent hold stays within the documented
+/// bound (docs/PERFORMANCE.md, "Worst case with hostile peers"): the budget, plus per
+/// connection its small read share and task, plus the shared read pool (twice, for the read
+/// buffers' doubling), plus the acknowledgement budget, above what the idle process holds.
+/// Peers: slowloris writers each holding a long partial record (they used to hold up to twice
+/// `max_record_size` each), acknowledged writers that never read their acknowledgements (their
+/// state grew without bound), and floods into a full buffer (Kafka unreachable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() {
+    const SLOWLORIS: usize = 150;
+    const ACKED: usize = 20;
+    const FLOODS: usize = 10;
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("hostile_rss"));
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_bytes", "8 MiB")
+        .set("buffer", "when_full", "drop_newest")
+        .listener("default", "max_record_size", "256 KiB")
+        .listener("default", "max_connections", 400);
+    let path = config.write();
+    let agent = config.spawn_agent_at(&path).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_kib = vm_kib(agent.pid(), "VmRSS:");
+    let socket = config.socket();
+
+    let mut held = Vec::new();
+    let mut writers = Vec::new();
+    for _ in 0..SLOWLORIS {
+        let socket = socket.clone();
+        writers.push(tokio::spawn(async move {
+            let mut stream = connect(&socket).await;
+            // A long record, never finished. Past what a connection holds freely the agent reads
+            // on only with room from its pool: this write may stay blocked (backpressure).
+            let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&vec![b'x'; 250 * 1024])).await;
+            stream
+        }));
+    }
+    for a in 0..ACKED {
+        let socket = socket.clone();
+        writers.push(tokio::spawn(async move {
+            let mut stream = connect(&socket).await;
+            let mut text = String::from("SLUICE/1 ACK\n");
+            for n in 0..20_000 {
+                text.push_str(&format!("acked {a} {n} never reads its acks\n"));
+            }
+            // Held once its window is full: the write may never complete. Keep the stream.
+            let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(text.as_bytes())).await;
+            stream
+        }));
+    }
+    for f in 0..FLOODS {
+        let socket = socket.clone();
+        writers.push(tokio::spawn(async move {
+            let mut stream = connect(&socket).await;
+            let line = format!("{{\"flood\":{f},\"pad\":\"{}\"}}\n", "p".repeat(200));
+            for _ in 0..20_000 {
+                stream.write_all(line.as_bytes()).await.expect("drop_newest never holds a writer");
+            }
+            stream
+        }));
+    }
+    for writer in writers {
+        held.push(within(Duration::from_secs(60), "writers", writer).await.expect("writer"));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak_kib = vm_kib(agent.pid(), "VmHWM:");
+
+    let connections = (SLOWLORIS + ACKED + FLOODS) as u64;
+    let budget_kib = 8 * 1024;
+    let per_connection_kib = 40;
+    let read_pool_kib = 2 * 8 * 1024;
+    let acks_kib = (200_000 / 4) * 128 / 1024;
+    // librdkafka's queues and threads, the runtime's growth under load, allocator slack.
+    let constant_kib = 24 * 1024;
+    let bound_kib = idle_kib + budget_kib + connections * per_connection_kib + read_pool_kib + acks_kib + constant_kib;
+    assert!(
+        peak_kib <= bound_kib,
+        "peak RSS {peak_kib} KiB over the bound {bound_kib} KiB (idle {idle_kib} KiB, {connections} connections)"
+    );
+    let metrics = scrape(config.agent_admin()).await;
+    let buffered = metrics.count("sluice_ingest_read_buffer_bytes", &[]) as u64;
+    assert!(buffered <= (SLOWLORIS * 32 * 1024) as u64 + 8 * 1024 * 1024, "read buffers hold {buffered} bytes");
+    eprintln!(
+        "hostile peers: idle {idle_kib} KiB, peak {peak_kib} KiB, bound {bound_kib} KiB, read buffers {buffered} B"
+    );
+    drop(held);
+}

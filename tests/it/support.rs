@@ -54,9 +54,24 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed), nanos % 1_000_000_000)
 }
 
-/// A free loopback port (bound, then released for the child to take).
+/// A free loopback port (bound, then released for the child to take). Taken below Linux's
+/// ephemeral range (32768–60999), where the kernel never puts outgoing connections: a port the
+/// kernel handed out (port 0) could be given to a client's connection before the child binds it
+/// (seen: a persister's admin port taken in a full parallel run). Each call of this process
+/// moves on from a random start, so two tests are not handed the same port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU32> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        std::sync::atomic::AtomicU32::new(nanos.wrapping_add(std::process::id()))
+    });
+    for _ in 0..2000 {
+        let port = 20_000 + (next.fetch_add(1, Ordering::Relaxed) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000")
 }
 
 /// Fails the test if `future` takes longer than `limit`, naming what was awaited.
