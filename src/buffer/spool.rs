@@ -192,6 +192,8 @@ struct State {
     /// `spooled` acks of records written under the interval policy, settled by the next
     /// successful sync, or by the record's delivery if that comes first.
     awaiting_sync: HashMap<SpoolPos, Ack>,
+    /// Those a sync now running covers ([`Spool::begin_sync`]).
+    syncing: HashMap<SpoolPos, Ack>,
     disk_bytes: u64,
     /// Where the backlog reader looks next: no disk-only record lies before it. `None` when
     /// nothing has been evicted since the reader last caught up.
@@ -199,6 +201,14 @@ struct State {
     /// The lowest position evicted while a backlog read was under way: the reader's cursor must
     /// not move past it.
     lowered: Option<SpoolPos>,
+}
+
+impl State {
+    /// The ack waiting in the spool for the record at `pos`, if any (parked for its delivery, or
+    /// waiting for a sync).
+    fn take_ack(&mut self, pos: SpoolPos) -> Option<Ack> {
+        self.parked_acks.remove(&pos).or_else(|| self.awaiting_sync.remove(&pos)).or_else(|| self.syncing.remove(&pos))
+    }
 }
 
 /// The spool's shared state. See the module documentation.
@@ -323,7 +333,7 @@ impl Spool {
         let mut state = self.lock();
         let parked = match state.parked_acks.remove(&pos) {
             Some(ack) => Some(ack),
-            None => state.awaiting_sync.remove(&pos),
+            None => state.awaiting_sync.remove(&pos).or_else(|| state.syncing.remove(&pos)),
         };
         let Some(segment) = state.segments.get_mut(&pos.segment) else {
             return (false, parked); // dropped with its segment meanwhile
@@ -347,7 +357,29 @@ impl Spool {
     /// to Kafka instead. An I/O error is never an acknowledgement.
     pub fn synced(&self, ok: bool) {
         let mut state = self.lock();
+        let mut acks: Vec<(SpoolPos, Ack)> = state.awaiting_sync.drain().collect();
+        acks.extend(state.syncing.drain());
+        Self::settle_synced(&mut state, acks, ok);
+    }
+
+    /// A sync that covers what was written so far starts off the write path (the interval
+    /// policy): the acks waiting for a sync now wait for this one ([`Spool::end_sync`]); acks
+    /// of records written later wait for the next.
+    pub fn begin_sync(&self) {
+        let mut state = self.lock();
         let acks: Vec<(SpoolPos, Ack)> = state.awaiting_sync.drain().collect();
+        state.syncing.extend(acks);
+    }
+
+    /// The sync started by [`Spool::begin_sync`] ended: its acks are durable, or (failed) wait
+    /// for their records' delivery.
+    pub fn end_sync(&self, ok: bool) {
+        let mut state = self.lock();
+        let acks: Vec<(SpoolPos, Ack)> = state.syncing.drain().collect();
+        Self::settle_synced(&mut state, acks, ok);
+    }
+
+    fn settle_synced(state: &mut State, acks: Vec<(SpoolPos, Ack)>, ok: bool) {
         for (pos, mut ack) in acks {
             if ok {
                 ack.durable();
@@ -427,11 +459,12 @@ impl Spool {
                 .parked_acks
                 .keys()
                 .chain(state.awaiting_sync.keys())
+                .chain(state.syncing.keys())
                 .filter(|pos| pos.segment == id && segment.disk_only(pos.index))
                 .copied()
                 .collect();
             for pos in lost_positions {
-                if let Some(ack) = state.parked_acks.remove(&pos).or_else(|| state.awaiting_sync.remove(&pos)) {
+                if let Some(ack) = state.take_ack(pos) {
                     ack.refused("drop_oldest");
                 }
             }
@@ -466,6 +499,7 @@ impl Spool {
             .parked_acks
             .keys()
             .chain(state.awaiting_sync.keys())
+            .chain(state.syncing.keys())
             .filter(|parked| {
                 parked.segment == pos.segment
                     && parked.index >= pos.index
@@ -474,7 +508,7 @@ impl Spool {
             .copied()
             .collect();
         for parked in lost_positions {
-            if let Some(ack) = state.parked_acks.remove(&parked).or_else(|| state.awaiting_sync.remove(&parked)) {
+            if let Some(ack) = state.take_ack(parked) {
                 ack.refused("corrupt");
             }
         }
@@ -560,6 +594,23 @@ pub struct SpoolWriter {
     /// See [`SpoolWriter::inject`].
     #[cfg(test)]
     faults: std::collections::VecDeque<(SpoolOp, u32, io::Error)>,
+}
+
+/// A sync of the active segment running off the write path ([`SpoolWriter::sync_due`]).
+pub struct PendingSync {
+    file: File,
+    /// The test seam's injected failure, if any.
+    fault: Option<io::Error>,
+}
+
+impl PendingSync {
+    /// Forces what the writer had written when this was made to stable storage. Blocking.
+    pub fn run(self) -> io::Result<()> {
+        match self.fault {
+            Some(error) => Err(error),
+            None => self.file.sync_data(),
+        }
+    }
 }
 
 /// What [`SpoolWriter::append`] did.
@@ -781,11 +832,18 @@ impl SpoolWriter {
         Ok(())
     }
 
-    /// Syncs if the interval policy says it is time; true if it synced.
-    pub fn sync_if_due(&mut self) -> io::Result<bool> {
+    /// If the interval policy says a sync is due, one to run off the write path (writes go on
+    /// meanwhile; the sync covers what was written before this call). `Err` only if the file
+    /// cannot be opened a second time.
+    pub fn sync_due(&mut self) -> io::Result<Option<PendingSync>> {
         match self.spool.config.fsync {
-            Fsync::Interval(every) if self.unsynced && self.last_sync.elapsed() >= every => self.sync().map(|()| true),
-            _ => Ok(false),
+            Fsync::Interval(every) if self.unsynced && self.last_sync.elapsed() >= every => {
+                let file = self.file.try_clone()?;
+                self.unsynced = false;
+                self.last_sync = Instant::now();
+                Ok(Some(PendingSync { file, fault: self.fault(SpoolOp::Fsync) }))
+            }
+            _ => Ok(None),
         }
     }
 

@@ -30,7 +30,7 @@ const RETRY: Duration = Duration::from_millis(100);
 
 /// Runs until `stop` is cancelled and the intake is empty, then seals the active segment.
 pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: CancellationToken) {
-    let mut task = Spooler { buffer, writer: Some(writer), fsync, errors: ErrorLog::default() };
+    let mut task = Spooler { buffer, writer: Some(writer), fsync, errors: ErrorLog::default(), sync: None };
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut housekeeping = tokio::time::interval(match fsync {
         Fsync::Interval(every) => every.min(HOUSEKEEPING),
@@ -43,6 +43,7 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
             _ = task.buffer.pop_intake(WRITE_BATCH, &mut batch) => {
                 task.write(std::mem::take(&mut batch), &stop).await;
             }
+            synced = sync_done(&mut task.sync) => task.sync_ended(synced),
             _ = housekeeping.tick() => task.housekeeping().await,
             _ = stop.cancelled() => break,
         }
@@ -54,6 +55,11 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
             break;
         }
         task.write(std::mem::take(&mut batch), &stop).await;
+    }
+    // A sync still running finishes first: its acks are settled (or parked) by its own result.
+    if task.sync.is_some() {
+        let synced = sync_done(&mut task.sync).await;
+        task.sync_ended(synced);
     }
     if let Some(writer) = task.writer.take() {
         let closed = tokio::task::spawn_blocking(move || writer.close()).await;
@@ -80,6 +86,22 @@ struct Spooler {
     writer: Option<SpoolWriter>,
     fsync: Fsync,
     errors: ErrorLog,
+    /// The interval policy's sync, running on the blocking pool while writes go on: a slow
+    /// fsync (seen: p99 0.66 s on this machine's disk under load) must not hold the writes, or
+    /// the readers behind them.
+    sync: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// Waits for the running sync, if any (pending forever if none).
+async fn sync_done(sync: &mut Option<tokio::task::JoinHandle<std::io::Result<()>>>) -> std::io::Result<()> {
+    match sync {
+        Some(handle) => {
+            let result = handle.await.unwrap_or_else(|error| Err(std::io::Error::other(error)));
+            *sync = None;
+            result
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Disk errors are logged at most every [`ERROR_LOG_EVERY`], with the count of those not logged:
@@ -135,7 +157,8 @@ impl Spooler {
             }
             let frames: Vec<(u64, Option<bytes::Bytes>, bytes::Bytes)> =
                 records.iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
-            let (appended, end, synced) = self
+            let running = self.sync.is_some();
+            let (appended, end, due) = self
                 .blocking(move |writer| {
                     let borrowed: Vec<Entry<'_>> = frames
                         .iter()
@@ -143,9 +166,9 @@ impl Spooler {
                         .collect();
                     let appended = writer.append(&borrowed);
                     // Under steady load the housekeeping tick may not get a turn: check the
-                    // interval here too.
-                    let synced = writer.sync_if_due();
-                    (appended, writer.end(), synced)
+                    // interval here too (one sync at a time).
+                    let due = if running { Ok(None) } else { writer.sync_due() };
+                    (appended, writer.end(), due)
                 })
                 .await;
             let Appended { positions, durable, error } = appended;
@@ -155,7 +178,7 @@ impl Spooler {
                 self.spool().synced(false);
             }
             self.hand_on(written, positions, durable, end);
-            self.after_sync(synced);
+            self.start_sync(due);
             let Some(error) = error else { continue };
             if records.is_empty() {
                 // A sync failed after everything was written: the records go on (held until
@@ -308,20 +331,34 @@ impl Spooler {
 
     async fn housekeeping(&mut self) {
         let spool = self.spool();
-        let synced = self
+        let running = self.sync.is_some();
+        let due = self
             .blocking(move |writer| {
                 spool.delete_done();
-                writer.sync_if_due()
+                if running { Ok(None) } else { writer.sync_due() }
             })
             .await;
-        self.after_sync(synced);
+        self.start_sync(due);
     }
 
-    fn after_sync(&mut self, synced: std::io::Result<bool>) {
+    /// Starts a due sync off the write path; the acks waiting for a sync now wait for it
+    /// (registered by `hand_on` before, so they are exactly those of records it covers).
+    fn start_sync(&mut self, due: std::io::Result<Option<super::spool::PendingSync>>) {
+        match due {
+            Ok(Some(pending)) => {
+                self.spool().begin_sync();
+                self.sync = Some(tokio::task::spawn_blocking(move || pending.run()));
+            }
+            Ok(None) => {}
+            Err(error) => self.sync_ended(Err(error)),
+        }
+    }
+
+    fn sync_ended(&mut self, synced: std::io::Result<()>) {
         match synced {
-            Ok(true) => self.spool().synced(true),
-            Ok(false) => {}
+            Ok(()) => self.spool().end_sync(true),
             Err(error) => {
+                // Everything it might have covered waits for Kafka instead.
                 self.spool().synced(false);
                 let error = SpoolIoError { op: SpoolOp::Fsync, error };
                 self.errors.report(&error, 0, "records written since the last sync are acknowledged when delivered");
