@@ -196,6 +196,16 @@ pub async fn follow(
         Ok(watcher) => watcher,
         Err(error) => return warn!(%error, "config reload disabled"),
     };
+    // The watcher's first look at the file comes after the start's load: a change in between (a
+    // ConfigMap updated as the pod starts) would otherwise pass for what runs. Apply it if so.
+    if let Some(event) = watcher.load().await {
+        let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let unchanged = matches!(&event, Event::Valid(config) if **config == current);
+        if !unchanged && let Some(plan) = judge(role, &current, event) {
+            apply(&current, &plan.effective);
+            applied(&current, plan, running);
+        }
+    }
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => break,
@@ -229,6 +239,19 @@ impl Watcher {
     pub fn new(path: PathBuf) -> std::io::Result<Self> {
         let last = std::fs::read(&path).ok().map(|bytes| crc32c::crc32c(&bytes));
         Ok(Self { path, last, hangup: signal(SignalKind::hangup())? })
+    }
+
+    /// The config the file holds now (the bytes the watcher compares against), `None` if it
+    /// cannot be read.
+    async fn load(&mut self) -> Option<Event> {
+        let bytes = tokio::fs::read(&self.path).await.ok()?;
+        self.last = Some(crc32c::crc32c(&bytes));
+        let path = self.path.clone();
+        match tokio::task::spawn_blocking(move || Config::load(&path)).await {
+            Ok(Ok(config)) => Some(Event::Valid(Box::new(config))),
+            Ok(Err(error)) => Some(Event::Invalid(error)),
+            Err(_) => None,
+        }
     }
 
     /// Waits for the next new config. SIGHUP always reloads; otherwise only a change of the

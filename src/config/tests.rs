@@ -277,8 +277,28 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
 }
 
 mod reloading {
-    use super::super::reload::{Role, changed_keys, fingerprint, plan};
+    use super::super::reload::{Role, changed_keys, fingerprint, follow, plan};
     use super::*;
+
+    /// A file changed between the start's load and the watcher's first look (a ConfigMap
+    /// updated as the pod starts) passed for what ran, until the file changed again (seen as a
+    /// flaky reload test under load).
+    #[tokio::test]
+    async fn a_change_made_before_the_watcher_starts_is_applied() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[buffer]\nwhen_full = \"drop_oldest\"\n").expect("write");
+        let running = std::sync::RwLock::new(Config::default());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut applied = Vec::new();
+        let follow = follow(path, Role::Agent, &running, stop.clone(), |_, new| applied.push(new.buffer.when_full));
+        tokio::select! {
+            _ = follow => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => stop.cancel(),
+        }
+        assert_eq!(applied, vec![WhenFull::DropOldest]);
+        assert_eq!(running.read().expect("lock").buffer.when_full, WhenFull::DropOldest);
+    }
 
     fn config(text: &str) -> Config {
         Config::from_toml(text).expect("valid")
