@@ -48,6 +48,11 @@ use spool::{Spool, SpoolPos};
 #[cfg(test)]
 mod tests;
 
+/// Most bytes one backlog read takes (with a large budget: a sixteenth of the leases, this at most).
+const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
+/// Most records one backlog read takes.
+const BACKLOG_RECORDS: usize = 512;
+
 /// What a record costs in memory beyond its bytes: its queue entry, `Bytes` header, lease and
 /// librdkafka's message struct. Charged to the budget so that the budget bounds memory, not
 /// just payload bytes (measured: see `docs/PERFORMANCE.md`).
@@ -112,6 +117,11 @@ impl Lease {
     /// The bytes this lease holds.
     pub fn bytes(&self) -> usize {
         self.bytes.num_permits()
+    }
+
+    /// The records this lease holds.
+    pub fn records(&self) -> usize {
+        self.records.num_permits()
     }
 
     /// Takes `cost` bytes and one record out of this (larger) lease.
@@ -185,6 +195,16 @@ struct Shared {
     records: Arc<Semaphore>,
     max_bytes: usize,
     max_records: usize,
+    /// Disk type: one backlog chunk of the budget that readers never get. Without it, readers
+    /// waiting for room (a full spool under `block`) took every lease Kafka's acknowledgements
+    /// freed, the backlog lane never got a chunk, no segment was finished, and the spool writer
+    /// never got disk room for the intake holding that memory: nothing moved, for ever.
+    backlog_bytes: Arc<Semaphore>,
+    backlog_records: Arc<Semaphore>,
+    /// The reserve's size (bytes with overhead, records).
+    backlog_reserve: (usize, usize),
+    /// What one backlog read takes from the shared budget when it has room.
+    backlog_chunk: (usize, usize),
     /// Bytes of `buffer.max_bytes` kept for librdkafka's queue.
     librdkafka_bytes: usize,
     /// The largest message (envelope and key) a listener can produce; 0 when unknown (tests).
@@ -271,10 +291,29 @@ impl Buffer {
         // librdkafka's share (see `LIBRDKAFKA_SHARE`); leases cover the rest. Validation keeps
         // the rest at least the largest message; `max(1)` only guards a budget nobody allows.
         let librdkafka_bytes = (budget / LIBRDKAFKA_SHARE).max(largest_message).min(budget.saturating_sub(1));
-        let max_bytes = (budget - librdkafka_bytes).max(1);
-        let max_records = config.max_records as usize;
-        metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(max_bytes as f64);
-        metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(max_records as f64);
+        let leases = (budget - librdkafka_bytes).max(1);
+        let records = config.max_records as usize;
+        // A backlog read takes a chunk of the budget (a sixteenth of the leases within bounds,
+        // never less than the largest record costs).
+        let largest_cost = if largest_message > 0 { largest_message + RECORD_OVERHEAD } else { 0 };
+        let chunk = (
+            (leases / 16).clamp(16 * 1024, BACKLOG_CHUNK).max(largest_cost).min(leases),
+            (records / 16).clamp(1, BACKLOG_RECORDS),
+        );
+        // Disk type: a reserve of the budget readers never get (see `Shared::backlog_bytes`):
+        // enough for the largest record, so the backlog always moves.
+        // (Not known without the listeners' limits — buffers built for tests — then none.)
+        let (backlog_bytes, backlog_records) = match spool {
+            Some(_) if largest_cost > 0 => (
+                (leases / 16).max(largest_cost).min(leases / 2),
+                (records / 16).clamp(1, BACKLOG_RECORDS).min(records / 2),
+            ),
+            _ => (0, 0),
+        };
+        let max_bytes = leases - backlog_bytes;
+        let max_records = records - backlog_records;
+        metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(leases as f64);
+        metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(records as f64);
         for reason in ["drop_newest", "drop_oldest", "block_timeout", "corrupt"] {
             metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => reason).increment(0);
         }
@@ -289,6 +328,10 @@ impl Buffer {
                 records: Arc::new(Semaphore::new(max_records)),
                 max_bytes,
                 max_records,
+                backlog_bytes: Arc::new(Semaphore::new(backlog_bytes)),
+                backlog_records: Arc::new(Semaphore::new(backlog_records)),
+                backlog_reserve: (backlog_bytes, backlog_records),
+                backlog_chunk: chunk,
                 librdkafka_bytes,
                 largest_message,
                 policy: std::sync::RwLock::new(Policy {
@@ -570,14 +613,22 @@ impl Buffer {
         }
     }
 
-    /// Memory for reading up to `bytes` of backlog, if there is that much room now. The shipper
-    /// never waits for memory: the records holding it may be the ones only it can send.
-    pub fn try_backlog_lease(&self, bytes: usize, records: usize) -> Option<Lease> {
-        let bytes = bytes.clamp(1, self.shared.max_bytes) as u32;
-        let records = records.clamp(1, self.shared.max_records) as u32;
-        let records = self.shared.records.clone().try_acquire_many_owned(records).ok()?;
-        let bytes = self.shared.bytes.clone().try_acquire_many_owned(bytes).ok()?;
-        Some(Lease { bytes, records })
+    /// Memory for reading backlog, if there is room now: a chunk of the shared budget, or else
+    /// the reserve readers never get (see `Shared::backlog_bytes`; it comes back as soon as the
+    /// records it lent are delivered). The lease says how much may be read ([`Lease::bytes`],
+    /// [`Lease::records`]). The shipper never waits for memory: the records holding it may be the
+    /// ones only it can send.
+    pub fn try_backlog_lease(&self) -> Option<Lease> {
+        let take = |byte_pool: &Arc<Semaphore>, record_pool: &Arc<Semaphore>, (bytes, records): (usize, usize)| {
+            if bytes == 0 || records == 0 {
+                return None;
+            }
+            let records = record_pool.clone().try_acquire_many_owned(records as u32).ok()?;
+            let bytes = byte_pool.clone().try_acquire_many_owned(bytes as u32).ok()?;
+            Some(Lease { bytes, records })
+        };
+        take(&self.shared.bytes, &self.shared.records, self.shared.backlog_chunk)
+            .or_else(|| take(&self.shared.backlog_bytes, &self.shared.backlog_records, self.shared.backlog_reserve))
     }
 
     /// Cuts one record's lease out of a backlog lease; `None` when the chunk is used up.
@@ -636,12 +687,16 @@ impl Buffer {
 
     /// Records held in memory: queued here or in flight to Kafka.
     pub fn held_records(&self) -> usize {
-        self.shared.max_records - self.shared.records.available_permits()
+        let (_, reserve) = self.shared.backlog_reserve;
+        self.shared.max_records - self.shared.records.available_permits() + reserve
+            - self.shared.backlog_records.available_permits()
     }
 
     /// Bytes held in memory (with per-record overhead): queued here or in flight to Kafka.
     pub fn held_bytes(&self) -> usize {
-        self.shared.max_bytes - self.shared.bytes.available_permits()
+        let (reserve, _) = self.shared.backlog_reserve;
+        self.shared.max_bytes - self.shared.bytes.available_permits() + reserve
+            - self.shared.backlog_bytes.available_permits()
     }
 
     /// Records accepted but not yet written to the spool (disk type).

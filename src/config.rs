@@ -937,6 +937,23 @@ impl Config {
                 ),
             ));
         }
+        // A disk buffer also keeps one backlog chunk (at least the largest message) from the
+        // readers, so the backlog always moves: three largest messages.
+        if self.buffer.kind == BufferKind::Disk && buffer < largest.saturating_mul(3).saturating_add(1024) {
+            return Err(invalid(
+                "buffer.max_bytes",
+                format!(
+                    "with buffer.type = \"disk\" must be at least {} (three times the largest message a record \
+                     may become: 2 x ingest.listeners.{}.max_record_size = {} + {} for its envelope): \
+                     librdkafka's queue, the backlog reader and the readers each take one; raise \
+                     buffer.max_bytes or lower max_record_size",
+                    ByteSize(largest * 3 + 1024),
+                    self.largest_record_listener(),
+                    ByteSize(record),
+                    ByteSize(ENVELOPE_HEADROOM),
+                ),
+            ));
+        }
         // librdkafka's queue is sized from the buffer and caps at 2097151 KiB / 10M messages.
         if buffer > 2 * 1024 * 1024 * 1024 - 1024 {
             return Err(invalid("buffer.max_bytes", "must be below 2 GiB (librdkafka's queue limit)".into()));

@@ -329,9 +329,6 @@ const RECONFIGURE_FLUSH: Duration = Duration::from_secs(10);
 /// How often a producer being retired says it still waits for delivery reports.
 const RETIRE_REPORT_EVERY: Duration = Duration::from_secs(10);
 
-/// Most backlog bytes read from the spool per batch (also bounded by an eighth of the budget).
-const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
-
 impl Shipper {
     /// Creates the producer. It connects lazily; [`Shipper::probe`] tells when Kafka answers.
     pub fn new(config: &Config, buffer: Buffer) -> Result<Self, ShipError> {
@@ -490,12 +487,7 @@ impl Shipper {
         upto: SpoolPos,
         stop: &CancellationToken,
     ) -> SpoolReader {
-        // The largest record must fit one chunk, or it would be put back forever.
-        let largest = self.buffer.cost(self.buffer.largest_message(), 0);
-        let chunk =
-            (self.buffer.max_bytes() / 16).clamp(16 * 1024, BACKLOG_CHUNK).max(largest).min(self.buffer.max_bytes());
-        let records = (self.buffer.max_records() / 16).clamp(1, SEND_BATCH);
-        let Some(mut lease) = self.buffer.try_backlog_lease(chunk, records) else {
+        let Some(mut lease) = self.buffer.try_backlog_lease() else {
             // No room now: what holds it is in flight (wait for its reports) or in memory (the
             // other lane sends it). Either way, come back shortly.
             tokio::select! {
@@ -504,6 +496,7 @@ impl Shipper {
             }
             return reader;
         };
+        let (chunk, records) = (lease.bytes(), lease.records());
         let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
         let (reader, result) = tokio::task::spawn_blocking(move || {
             let result = reader.read(from, upto, records, payload_budget);

@@ -427,10 +427,13 @@ impl Spool {
                     continue;
                 }
             }
+            // Two callers (the spool writer, the delivery thread) may pick the same segment;
+            // only the one that removes it from the books subtracts its bytes.
             let mut state = self.lock();
-            state.segments.remove(&id);
-            state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
-            freed += bytes;
+            if state.segments.remove(&id).is_some() {
+                state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
+                freed += bytes;
+            }
         }
         freed
     }
@@ -954,7 +957,13 @@ impl SpoolReader {
         max_records: usize,
         max_bytes: usize,
     ) -> io::Result<ReadBatch> {
-        self.spool.lock().lowered = None;
+        // Start at the cursor as it is now: a record evicted since `from` was read from the
+        // cursor lies at or after the cursor, and one evicted from now on is in `lowered`.
+        let from = {
+            let mut state = self.spool.lock();
+            state.lowered = None;
+            state.backlog.map_or(from, |backlog| backlog.min(from))
+        };
         let result = self.scan(from, upto, max_records, max_bytes);
         let mut state = self.spool.lock();
         let next = match &result {
@@ -978,11 +987,14 @@ impl SpoolReader {
             if !known {
                 // Dropped meanwhile: continue with the next segment that exists.
                 match self.next_segment(pos.segment) {
-                    Some(next) => {
+                    Some(next) if next <= upto => {
                         pos = next;
                         continue;
                     }
-                    None => break,
+                    _ => {
+                        pos = upto;
+                        break;
+                    }
                 }
             }
             self.open_at(pos)?;
@@ -1030,8 +1042,11 @@ impl SpoolReader {
                     batch.corrupt_records += lost;
                     batch.corrupt_bytes += skipped_bytes;
                     match self.next_segment(pos.segment) {
-                        Some(next) => pos = next,
-                        None => break,
+                        Some(next) if next <= upto => pos = next,
+                        _ => {
+                            pos = upto;
+                            break;
+                        }
                     }
                 }
             }

@@ -38,13 +38,16 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
     });
     housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // A finished sync and the housekeeping tick come before the intake: under steady load the
+        // intake is always ready, and they must still get their turn (or no later sync starts,
+        // and no `spooled` ack is settled, until the load pauses).
         tokio::select! {
             biased;
+            synced = sync_done(&mut task.sync) => task.sync_ended(synced),
+            _ = housekeeping.tick() => task.housekeeping().await,
             _ = task.buffer.pop_intake(WRITE_BATCH, &mut batch) => {
                 task.write(std::mem::take(&mut batch), &stop).await;
             }
-            synced = sync_done(&mut task.sync) => task.sync_ended(synced),
-            _ = housekeeping.tick() => task.housekeeping().await,
             _ = stop.cancelled() => break,
         }
     }

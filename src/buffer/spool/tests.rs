@@ -264,3 +264,35 @@ fn a_record_settled_twice_is_counted_once() {
     spool.done(positions[0]);
     assert_eq!(spool.undelivered(), 2);
 }
+
+fn file_bytes(dir: &Path) -> u64 {
+    segment_files(dir).iter().map(|path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)).sum()
+}
+
+/// Found by the cold review (issue 12): two concurrent `delete_done` calls (the delivery thread
+/// and the spool writer) subtracted the same segment's bytes twice, so the cap stopped holding.
+#[test]
+fn concurrent_deletes_subtract_a_segment_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    for _ in 0..100 {
+        let positions = append_all(&mut writer, &payloads(12));
+        for pos in positions.iter().filter(|p| p.segment < writer.end().segment) {
+            spool.done(*pos);
+        }
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (spool, barrier) = (spool.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    spool.delete_done()
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("thread");
+        }
+        assert_eq!(spool.disk_bytes(), file_bytes(dir.path()));
+    }
+}

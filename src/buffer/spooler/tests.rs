@@ -217,3 +217,184 @@ async fn an_interval_sync_settles_the_acks_of_what_was_written_before_it_and_not
     s.housekeeping_and_sync().await;
     assert_eq!(s.tracker.take_events(), vec![AckEvent::Upto(3)]);
 }
+
+fn numbered(i: usize) -> Bytes {
+    Bytes::from(format!("{{\"n\":{i:06},\"pad\":\"..............................................\"}}"))
+}
+
+/// Found by the cold review (issue 12): a Kafka outage that outlasted the spool under `block`
+/// left the intake holding the whole budget; when Kafka came back, readers queued on the fair
+/// semaphore took every lease the acknowledgements freed, the backlog lane never got a chunk, no
+/// segment finished, and the spool writer never got disk room: nothing moved, for ever. The
+/// backlog now has a reserve readers never get.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_full_spool_under_block_the_backlog_still_moves_while_writers_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool_config = SpoolConfig {
+        dir: dir.path().to_path_buf(),
+        max_bytes: 32 * 1024,
+        segment_bytes: 4 * 1024,
+        fsync: Fsync::Never,
+        max_body: 64 * 1024,
+    };
+    let (spool, writer, _) = Spool::open(spool_config).expect("spool");
+    let config = crate::config::Config::from_toml(
+        "[buffer]\ntype = \"disk\"\nmax_bytes = \"128 KiB\"\nmax_records = 100000\nblock_timeout = \"20ms\"\n\
+         [ingest.listeners.default]\nmax_record_size = \"8 KiB\"\n",
+    )
+    .expect("valid");
+    let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
+    let stop = CancellationToken::new();
+    let spooler = tokio::spawn(run(buffer.clone(), writer, Fsync::Never, stop.clone()));
+    // Kafka down: what the memory lane takes stays in flight.
+    let mut in_flight: Vec<Record> = Vec::new();
+    let mut admission = Admission::default();
+    for i in 0..4000 {
+        let _ = buffer.push(numbered(i), None, 1_000, None, &mut admission).await;
+        if buffer.poll_work(false) == Some(Work::Memory) {
+            buffer.pop_batch(512, &mut in_flight);
+        }
+        if i % 50 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // The spool writer fills the spool up to its cap.
+    let filled = tokio::time::timeout(Duration::from_secs(5), async {
+        while spool.disk_bytes() * 10 < spool.max_bytes() * 8 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(filled.is_ok(), "the spool filled: {} bytes; {}", spool.disk_bytes(), buffer.describe());
+    let on_disk = spool.undelivered();
+    // Kafka is back, while writers keep writing (and waiting for room).
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let buffer = buffer.clone();
+            tokio::spawn(async move {
+                let mut admission = Admission::default();
+                for i in 0..200_000 {
+                    let _ = buffer.push(numbered(i), None, 1_000, None, &mut admission).await;
+                    if i % 10 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for record in in_flight.drain(..) {
+        buffer.settled(record.lease.bytes(), record.ingest_ms);
+        let _ = spool.done(record.pos.expect("spooled"));
+    }
+    // The shipper's lanes, delivering at once what they take (Kafka healthy).
+    let mut shipped_from_backlog = 0;
+    let mut prefer = true;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(4) && shipped_from_backlog < on_disk {
+        match buffer.poll_work(prefer) {
+            Some(Work::Backlog { from, upto }) => {
+                if let Some(lease) = buffer.try_backlog_lease() {
+                    let batch = spool.reader().read(from, upto, lease.records(), lease.bytes()).expect("read");
+                    shipped_from_backlog += batch.records.len() as u64;
+                    for record in batch.records {
+                        let _ = spool.done(record.pos);
+                    }
+                    spool.delete_done();
+                }
+            }
+            Some(Work::Memory) => {
+                let mut batch = Vec::new();
+                buffer.pop_batch(512, &mut batch);
+                for record in batch {
+                    buffer.settled(record.lease.bytes(), record.ingest_ms);
+                    let _ = spool.done(record.pos.expect("spooled"));
+                }
+                spool.delete_done();
+            }
+            None => {}
+        }
+        prefer = !prefer;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for writer in &writers {
+        writer.abort();
+    }
+    stop.cancel();
+    let _ = spooler.await;
+    assert!(
+        shipped_from_backlog >= on_disk,
+        "the backlog moved: {shipped_from_backlog} of the {on_disk} records on disk shipped in 4 s"
+    );
+}
+
+/// Found by the cold review: the biased select served the intake first, so under steady load a
+/// finished interval sync was never collected, no further sync started, and no `spooled` ack was
+/// settled until the load paused (`fsync = "10ms"` silently not honoured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_syncs_keep_settling_acks_under_steady_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool_config = SpoolConfig {
+        dir: dir.path().to_path_buf(),
+        max_bytes: 1 << 30,
+        segment_bytes: 16 * 1024 * 1024,
+        fsync: Fsync::Interval(Duration::from_millis(10)),
+        max_body: 64 * 1024,
+    };
+    let (spool, writer, _) = Spool::open(spool_config).expect("spool");
+    let config = BufferConfig {
+        kind: BufferKind::Disk,
+        max_bytes: ByteSize::mib(16),
+        max_records: 1_000_000,
+        when_full: WhenFull::Block,
+        block_timeout: None,
+        ..BufferConfig::default()
+    };
+    let buffer = Buffer::with_spool(&config, spool.clone(), writer.end());
+    let stop = CancellationToken::new();
+    let spooler = tokio::spawn(run(buffer.clone(), writer, Fsync::Interval(Duration::from_millis(10)), stop.clone()));
+    let tracker = AckTracker::new(AckPoint::Spooled);
+    let load = CancellationToken::new();
+    let pusher = tokio::spawn({
+        let (buffer, tracker, load) = (buffer.clone(), tracker.clone(), load.clone());
+        async move {
+            let mut admission = Admission::default();
+            let mut i = 0;
+            while !load.is_cancelled() {
+                let _ = buffer.push(numbered(i), None, 1_000, Some(tracker.issue()), &mut admission).await;
+                i += 1;
+                if i % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    });
+    // Records spooled are also "delivered" at once here, so memory stays free.
+    let drainer = tokio::spawn({
+        let (buffer, load) = (buffer.clone(), load.clone());
+        async move {
+            while !load.is_cancelled() {
+                let mut batch = Vec::new();
+                buffer.pop_batch(4096, &mut batch);
+                for record in batch {
+                    buffer.settled(record.lease.bytes(), record.ingest_ms);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut acked = 0;
+    for event in tracker.take_events() {
+        if let AckEvent::Upto(n) = event {
+            acked = n;
+        }
+    }
+    let issued = tracker.issued();
+    load.cancel();
+    let _ = pusher.await;
+    let _ = drainer.await;
+    stop.cancel();
+    let _ = spooler.await;
+    assert!(issued > 1000 && acked * 2 > issued, "acknowledged {acked} of {issued} records under load");
+}
