@@ -146,19 +146,29 @@ pub fn syslog(data: &[u8]) {
     });
 }
 
-/// `forward`: the msgpack framer, then decoding each message in all four modes; every accepted
-/// event is one JSON object within the size and depth limits.
+/// `forward`: the msgpack framer, then decoding each message in all four modes, one event at a
+/// time as the agent does. The number of events known before decoding is exactly the number
+/// decoded, and never more than the bytes they are read from (a declared count is not
+/// believed); every accepted event is one JSON object within the size and depth limits.
 pub fn forward(data: &[u8]) {
     let limits = Limits { max_record_size: MAX_RECORD, max_json_depth: MAX_DEPTH };
     feed(ForwardFramer::new(MAX_RECORD, MAX_DEPTH), data, |frame| {
         if let Frame::Record(message) = frame
-            && let Ok(message) = forward::decode(message, limits)
+            && let Ok(events) = forward::events(message, limits)
         {
-            for record in message.records.into_iter().flatten() {
-                assert!(record.len() <= MAX_RECORD, "an event of {} bytes above the limit", record.len());
-                assert_json_object(&record);
-                assert!(!sluice::ingest::record::json_depth_exceeds(&record, MAX_DEPTH), "too deep an event");
+            let count = events.len();
+            assert!(events.inflated_len() <= MAX_RECORD, "inflated to {} bytes", events.inflated_len());
+            assert!(count <= message.len() + events.inflated_len(), "{count} events from {} bytes", message.len());
+            let mut decoded = 0;
+            for record in events {
+                decoded += 1;
+                if let Ok(record) = record {
+                    assert!(record.len() <= MAX_RECORD, "an event of {} bytes above the limit", record.len());
+                    assert_json_object(&record);
+                    assert!(!sluice::ingest::record::json_depth_exceeds(&record, MAX_DEPTH), "too deep an event");
+                }
             }
+            assert_eq!(decoded, count, "events counted up front and events decoded");
         }
     });
 }

@@ -235,8 +235,10 @@ fn shut_read(read_half: &tokio::net::unix::OwnedReadHalf) {
     }
 }
 
-/// One Forward message: decode, then each event to the sink; chunk acknowledged by the writer
-/// task once every event is settled.
+/// One Forward message, its events decoded one at a time: each goes to the sink before the
+/// next is made, so while the sink waits for the buffer the connection holds the message and
+/// one record, never all its events. A chunk is queued to the writer task (which acknowledges
+/// it once every event is settled) before its first event is numbered.
 async fn forward_message(
     bytes: &BytesMut,
     sink: &mut RecordSink<'_>,
@@ -246,29 +248,58 @@ async fn forward_message(
 ) {
     let limits =
         forward::Limits { max_record_size: listener.config.max_record_bytes(), max_json_depth: ingest.max_json_depth };
-    let message = match forward::decode(bytes, limits) {
-        Ok(message) => message,
+    let events = match forward::events(bytes, limits) {
+        Ok(events) => events,
         Err(reason) => return sink.reject(reason, None),
     };
-    let wire_len = bytes.len() / message.records.len().max(1);
-    let acks: Vec<Option<crate::buffer::ack::Ack>> = match &message.chunk {
+    let count = events.len();
+    let wire_len = bytes.len() / count.max(1);
+    let chunk = match events.chunk() {
         Some(chunk) => {
             let (tracker, chunks) = replies.chunk_acks(ingest).await;
-            let acks: Vec<_> = message.records.iter().map(|_| tracker.issue()).collect();
-            let last = acks.last().map_or_else(|| tracker.issued(), |ack| ack.seq());
+            // This reader alone numbers the connection's records, so the events get the next
+            // `count` numbers, each issued as its event is offered.
+            let last = tracker.issued() + count as u64;
             // Queued before any of its records can settle, so the writer knows the chunk first.
-            if chunks.send(PendingChunk { chunk: chunk.clone(), last }).await.is_err() {
-                debug!("acknowledgement writer is gone");
+            let queued = tokio::select! {
+                biased;
+                _ = ingest.abandon.cancelled() => None,
+                sent = chunks.send(PendingChunk { chunk: chunk.to_string(), last }) => Some(sent),
+            };
+            match queued {
+                Some(Ok(())) => {}
+                Some(Err(_)) => debug!("acknowledgement writer is gone"),
+                // The drain deadline came first: none of the message's events is offered.
+                None => return (0..count).for_each(|_| sink.give_up()),
             }
-            acks.into_iter().map(Some).collect()
+            Some((tracker, last))
         }
-        None => message.records.iter().map(|_| None).collect(),
+        None => None,
     };
-    for (record, ack) in message.records.into_iter().zip(acks) {
-        match record {
+    for (offered, event) in events.enumerate() {
+        let ack = match &chunk {
+            // Each event waits for room in the acknowledgement budget, as a line does.
+            Some((tracker, last)) => match numbered(tracker, ingest).await {
+                Some(ack) => {
+                    debug_assert!(ack.seq() <= *last, "only the reader numbers its connection's records");
+                    Some(ack)
+                }
+                None => {
+                    // The drain deadline came first: this event and the rest are given up,
+                    // and counted so.
+                    (offered..count).for_each(|_| sink.give_up());
+                    return;
+                }
+            },
+            None => None,
+        };
+        match event {
             Ok(json) => sink.offer_json(&json, wire_len, ack).await,
             Err(reason) => sink.reject(reason, ack),
         }
+    }
+    if let Some((tracker, last)) = &chunk {
+        debug_assert_eq!(tracker.issued(), *last, "a chunk's events are numbered up to its last");
     }
 }
 

@@ -2,27 +2,21 @@
 //! CompressedPackedForward modes, with the `chunk` option answered by `{"ack": chunk}`.
 //!
 //! Owns: finding where one msgpack message ends in a byte stream without trusting declared
-//! lengths ([`ForwardFramer`]), turning a message into JSON records ([`decode`]), and writing
-//! chunk acknowledgements when every record of a chunk has reached the connection's ack point
-//! ([`write_chunk_acks`]). Must not: allocate from a declared length (a 4 GiB `str32` header is
-//! skipped as bytes arrive, never reserved), inflate a compressed message beyond
-//! `max_record_size`, or acknowledge a chunk with a refused record (the client resends it).
+//! lengths ([`ForwardFramer`]), turning a message into JSON records one event at a time
+//! ([`events`], in `decode`), and writing chunk acknowledgements when every record of a chunk
+//! has reached the connection's ack point ([`write_chunk_acks`]). Must not: allocate from a
+//! declared length (a 4 GiB `str32` header is skipped as bytes arrive, never reserved), or
+//! acknowledge a chunk with a refused record (the client resends it).
 //!
 //! The framer is hand-written: rmpv decodes complete values, but re-decoding a growing buffer
 //! after every read would be quadratic for a slow writer; the framer keeps its place and skips
-//! payloads, so each byte is looked at once. Decoding the complete message is rmpv's.
-//!
-//! Each record becomes `{"tag": TAG, "time": RFC3339, ...the record's fields}` (a record's own
-//! `tag` or `time` field wins). Non-string map keys become their JSON text; binary values become
-//! (lossy) strings; extension values other than EventTime become hex strings; NaN and infinities
-//! become null.
+//! payloads, so each byte is looked at once. Its header rules (`header`) also delimit the
+//! values of a complete message when it is decoded.
 
 use std::collections::VecDeque;
-use std::io::Read;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
-use rmpv::ValueRef;
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
@@ -34,8 +28,11 @@ use super::framing::Frame;
 use crate::buffer::ack::{AckEvent, AckTracker};
 use crate::telemetry::Rejected;
 
+mod decode;
 #[cfg(test)]
 mod tests;
+
+pub use decode::{Events, Limits, Message, decode, events};
 
 /// Container levels a message may use around its records: message array, entries array, entry
 /// array (the record map is level four).
@@ -228,299 +225,6 @@ impl Decoder for ForwardFramer {
         // The writer went away in the middle of a message.
         Ok(Some(self.broken(buf, Rejected::Malformed)))
     }
-}
-
-/// A message, decoded.
-#[derive(Debug, Default, PartialEq)]
-pub struct Message {
-    /// The `chunk` option: the client waits for `{"ack": chunk}`.
-    pub chunk: Option<String>,
-    /// One entry per event: its JSON record, or why it was refused.
-    pub records: Vec<Result<Vec<u8>, Rejected>>,
-}
-
-/// Limits a message is decoded within.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Largest message, decompressed, and largest JSON record.
-    pub max_record_size: usize,
-    /// Deepest nesting of a record.
-    pub max_json_depth: usize,
-}
-
-/// Decodes one complete message (as cut by [`ForwardFramer`]). `Err` when the message as a
-/// whole is unusable (`malformed`, or `too_large` once decompressed); a bad entry inside a
-/// good message is refused alone.
-pub fn decode(bytes: &[u8], limits: Limits) -> Result<Message, Rejected> {
-    // rmpv counts a container twice (the value and its items) and a string body once more;
-    // containers alone are limited by the framer and, per record, by `write_json`.
-    let depth = 2 * (limits.max_json_depth + ENVELOPE_LEVELS) + 2;
-    let mut reader = bytes;
-    let value = rmpv::decode::read_value_ref_with_max_depth(&mut reader, depth).map_err(|error| match error {
-        rmpv::decode::Error::DepthLimitExceeded => Rejected::TooDeep,
-        _ => Rejected::Malformed,
-    })?;
-    let ValueRef::Array(items) = value else { return Err(Rejected::Malformed) };
-    let tag = match items.first() {
-        Some(ValueRef::String(tag)) => tag.as_str().ok_or(Rejected::Malformed)?,
-        _ => return Err(Rejected::Malformed),
-    };
-    let mut message = Message::default();
-    match items.as_slice() {
-        // Message mode: [tag, time, record, option?]
-        [_, time, record, rest @ ..] if rest.len() <= 1 && is_time(time) => {
-            message.chunk = chunk(rest.first())?;
-            message.records.push(record_json(tag, time, record, limits));
-        }
-        // Forward mode: [tag, [[time, record], ...], option?]
-        [_, ValueRef::Array(entries), rest @ ..] if rest.len() <= 1 => {
-            message.chunk = chunk(rest.first())?;
-            message.records.extend(entries.iter().map(|entry| entry_json(tag, entry, limits)));
-        }
-        // PackedForward (and, with `compressed: "gzip"`, CompressedPackedForward) mode:
-        // [tag, bin-or-str holding a msgpack stream of [time, record], option?]
-        [_, packed @ (ValueRef::Binary(_) | ValueRef::String(_)), rest @ ..] if rest.len() <= 1 => {
-            message.chunk = chunk(rest.first())?;
-            let packed = match packed {
-                ValueRef::Binary(bytes) => *bytes,
-                ValueRef::String(text) => text.as_bytes(),
-                _ => unreachable!("matched above"),
-            };
-            let inflated;
-            let mut stream = if compressed(rest.first())? {
-                inflated = gunzip(packed, limits.max_record_size)?;
-                inflated.as_slice()
-            } else {
-                packed
-            };
-            while !stream.is_empty() {
-                match rmpv::decode::read_value_ref_with_max_depth(&mut stream, depth) {
-                    Ok(entry) => message.records.push(entry_json(tag, &entry, limits)),
-                    Err(_) => {
-                        // The rest of the stream cannot be delimited: one refusal stands for it.
-                        message.records.push(Err(Rejected::Malformed));
-                        break;
-                    }
-                }
-            }
-        }
-        _ => return Err(Rejected::Malformed),
-    }
-    Ok(message)
-}
-
-fn option_field<'v>(option: Option<&'v ValueRef<'v>>, name: &str) -> Result<Option<&'v ValueRef<'v>>, Rejected> {
-    match option {
-        None | Some(ValueRef::Nil) => Ok(None),
-        Some(ValueRef::Map(fields)) => Ok(fields
-            .iter()
-            .find(|(key, _)| matches!(key, ValueRef::String(k) if k.as_str() == Some(name)))
-            .map(|(_, v)| v)),
-        Some(_) => Err(Rejected::Malformed),
-    }
-}
-
-fn chunk(option: Option<&ValueRef<'_>>) -> Result<Option<String>, Rejected> {
-    match option_field(option, "chunk")? {
-        None => Ok(None),
-        Some(ValueRef::String(chunk)) => chunk.as_str().map(|chunk| Some(chunk.to_string())).ok_or(Rejected::Malformed),
-        Some(_) => Err(Rejected::Malformed),
-    }
-}
-
-fn compressed(option: Option<&ValueRef<'_>>) -> Result<bool, Rejected> {
-    match option_field(option, "compressed")? {
-        None => Ok(false),
-        Some(ValueRef::String(kind)) => match kind.as_str() {
-            Some("gzip") => Ok(true),
-            Some("text") => Ok(false),
-            _ => Err(Rejected::Malformed),
-        },
-        Some(_) => Err(Rejected::Malformed),
-    }
-}
-
-/// Inflates gzip (one or more members) up to `max` bytes: a bomb stops at the limit.
-fn gunzip(bytes: &[u8], max: usize) -> Result<Vec<u8>, Rejected> {
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(bytes)
-        .take(max as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|_| Rejected::Malformed)?;
-    if out.len() > max {
-        return Err(Rejected::TooLarge);
-    }
-    Ok(out)
-}
-
-fn is_time(value: &ValueRef<'_>) -> bool {
-    matches!(value, ValueRef::Integer(_) | ValueRef::F32(_) | ValueRef::F64(_)) || event_time(value).is_some()
-}
-
-/// Fluentd's EventTime: extension 0, seconds and nanoseconds as big-endian u32s.
-fn event_time(value: &ValueRef<'_>) -> Option<(i64, u32)> {
-    match value {
-        ValueRef::Ext(0, data) if data.len() == 8 => {
-            let seconds = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
-            let nanos = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
-            Some((i64::from(seconds), nanos))
-        }
-        _ => None,
-    }
-}
-
-fn time_rfc3339(value: &ValueRef<'_>) -> Option<String> {
-    let (seconds, nanos) = match value {
-        ValueRef::Integer(seconds) => (seconds.as_i64()?, 0),
-        ValueRef::F32(seconds) => split_seconds(f64::from(*seconds))?,
-        ValueRef::F64(seconds) => split_seconds(*seconds)?,
-        other => event_time(other)?,
-    };
-    let time = chrono::DateTime::from_timestamp(seconds, nanos)?;
-    Some(time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-}
-
-fn split_seconds(seconds: f64) -> Option<(i64, u32)> {
-    if !seconds.is_finite() || seconds.abs() > 1e15 {
-        return None;
-    }
-    let whole = seconds.floor();
-    Some((whole as i64, ((seconds - whole) * 1e9) as u32))
-}
-
-fn entry_json(tag: &str, entry: &ValueRef<'_>, limits: Limits) -> Result<Vec<u8>, Rejected> {
-    match entry {
-        ValueRef::Array(pair) if pair.len() == 2 && is_time(&pair[0]) => record_json(tag, &pair[0], &pair[1], limits),
-        _ => Err(Rejected::Malformed),
-    }
-}
-
-/// `{"tag":…,"time":…, fields…}` for one event.
-fn record_json(tag: &str, time: &ValueRef<'_>, record: &ValueRef<'_>, limits: Limits) -> Result<Vec<u8>, Rejected> {
-    let ValueRef::Map(fields) = record else { return Err(Rejected::Malformed) };
-    let has = |name: &str| fields.iter().any(|(key, _)| matches!(key, ValueRef::String(k) if k.as_str() == Some(name)));
-    let mut out = Vec::with_capacity(64);
-    out.push(b'{');
-    let mut first = true;
-    if !has("tag") {
-        out.extend_from_slice(b"\"tag\":");
-        write_str(tag, &mut out);
-        first = false;
-    }
-    if let Some(time) = time_rfc3339(time).filter(|_| !has("time")) {
-        if !first {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"\"time\":");
-        write_str(&time, &mut out);
-        first = false;
-    }
-    for (key, value) in fields {
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        write_key(key, &mut out);
-        out.push(b':');
-        write_json(value, 1, limits.max_json_depth, &mut out)?;
-    }
-    out.push(b'}');
-    if out.len() > limits.max_record_size {
-        return Err(Rejected::TooLarge);
-    }
-    Ok(out)
-}
-
-fn write_str(text: &str, out: &mut Vec<u8>) {
-    // Serialising a &str into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, text);
-}
-
-fn lossy(text: &rmpv::Utf8StringRef<'_>) -> String {
-    match text.as_str() {
-        Some(text) => text.to_string(),
-        None => String::from_utf8_lossy(text.as_bytes()).into_owned(),
-    }
-}
-
-fn write_key(key: &ValueRef<'_>, out: &mut Vec<u8>) {
-    match key {
-        ValueRef::String(text) => match text.as_str() {
-            Some(text) => write_str(text, out),
-            None => write_str(&lossy(text), out),
-        },
-        ValueRef::Binary(bytes) => write_str(&String::from_utf8_lossy(bytes), out),
-        other => {
-            let mut text = Vec::new();
-            // A key is a scalar here or its JSON text; depth is bounded by the decoder.
-            let _ = write_json(other, 1, usize::MAX, &mut text);
-            write_str(&String::from_utf8_lossy(&text), out);
-        }
-    }
-}
-
-/// Writes a msgpack value as JSON; `depth` is the nesting of the containing record (1 for its
-/// top-level fields).
-fn write_json(value: &ValueRef<'_>, depth: usize, max_depth: usize, out: &mut Vec<u8>) -> Result<(), Rejected> {
-    match value {
-        ValueRef::Nil => out.extend_from_slice(b"null"),
-        ValueRef::Boolean(true) => out.extend_from_slice(b"true"),
-        ValueRef::Boolean(false) => out.extend_from_slice(b"false"),
-        ValueRef::Integer(number) => match (number.as_i64(), number.as_u64()) {
-            (Some(n), _) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
-            (None, Some(n)) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
-            (None, None) => out.extend_from_slice(b"null"),
-        },
-        ValueRef::F32(number) => write_float(f64::from(*number), out),
-        ValueRef::F64(number) => write_float(*number, out),
-        ValueRef::String(text) => match text.as_str() {
-            Some(text) => write_str(text, out),
-            None => write_str(&lossy(text), out),
-        },
-        ValueRef::Binary(bytes) => write_str(&String::from_utf8_lossy(bytes), out),
-        ValueRef::Ext(kind, data) => match time_rfc3339(value) {
-            Some(time) if *kind == 0 => write_str(&time, out),
-            _ => write_str(&hex(data), out),
-        },
-        ValueRef::Array(items) => {
-            if depth >= max_depth {
-                return Err(Rejected::TooDeep);
-            }
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_json(item, depth + 1, max_depth, out)?;
-            }
-            out.push(b']');
-        }
-        ValueRef::Map(fields) => {
-            if depth >= max_depth {
-                return Err(Rejected::TooDeep);
-            }
-            out.push(b'{');
-            for (i, (key, value)) in fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_key(key, out);
-                out.push(b':');
-                write_json(value, depth + 1, max_depth, out)?;
-            }
-            out.push(b'}');
-        }
-    }
-    Ok(())
-}
-
-fn write_float(number: f64, out: &mut Vec<u8>) {
-    // serde_json writes NaN and infinities as null; writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, &number);
-}
-
-fn hex(data: &[u8]) -> String {
-    data.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// `{"ack": chunk}`, msgpack-encoded.
