@@ -201,6 +201,11 @@ struct State {
     /// The lowest position evicted while a backlog read was under way: the reader's cursor must
     /// not move past it.
     lowered: Option<SpoolPos>,
+    /// Records held in memory whose segment `drop_oldest` deleted: still delivered from
+    /// memory, but no segment counts them any more. Each leaves this count when it is delivered
+    /// or evicted (then counted as dropped); at shutdown the rest are lost and counted. At most
+    /// the records the buffer holds.
+    orphaned: std::collections::HashSet<(u64, u32)>,
 }
 
 impl State {
@@ -301,7 +306,10 @@ impl Spool {
         let mut lost = 0;
         for (pos, ack) in records {
             let Some(segment) = state.segments.get_mut(&pos.segment) else {
-                lost += 1;
+                // Lost now, unless `drop_oldest` already counted it (it was disk-only then).
+                if state.orphaned.remove(&(pos.segment, pos.index)) {
+                    lost += 1;
+                }
                 if let Some(ack) = ack {
                     ack.refused("drop_oldest");
                 }
@@ -336,7 +344,9 @@ impl Spool {
             None => state.awaiting_sync.remove(&pos).or_else(|| state.syncing.remove(&pos)),
         };
         let Some(segment) = state.segments.get_mut(&pos.segment) else {
-            return (false, parked); // dropped with its segment meanwhile
+            // Dropped with its segment meanwhile, delivered from memory.
+            state.orphaned.remove(&(pos.segment, pos.index));
+            return (false, parked);
         };
         if !segment.finish(pos.index) {
             warn!(segment = pos.segment, index = pos.index, "a spooled record was settled twice; counted once");
@@ -406,6 +416,12 @@ impl Spool {
         self.lock().segments.values().map(|segment| segment.records.saturating_sub(segment.done)).sum()
     }
 
+    /// Records held in memory whose segment `drop_oldest` deleted, not yet delivered or
+    /// evicted: no segment owes them, so at shutdown they are lost (see [`State::orphaned`]).
+    pub fn orphaned(&self) -> u64 {
+        self.lock().orphaned.len() as u64
+    }
+
     /// Deletes every deletable segment file. Blocking. Returns bytes freed.
     pub fn delete_done(&self) -> u64 {
         let doomed: Vec<(u64, u64)> = {
@@ -448,6 +464,10 @@ impl Spool {
             let segment = state.segments.remove(&id)?;
             // Disk-only records are lost; those held in memory are still delivered.
             let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
+            let records = u32::try_from(segment.records).unwrap_or(u32::MAX);
+            let held = (0..records).filter(|index| segment.in_memory.get(*index));
+            let orphans: Vec<(u64, u32)> = held.map(|index| (id, index)).collect();
+            state.orphaned.extend(orphans);
             state.disk_bytes = state.disk_bytes.saturating_sub(segment.bytes);
             // Disk-only records of this segment are gone: the cursor moves past it.
             if let Some(backlog) = state.backlog

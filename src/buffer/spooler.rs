@@ -155,11 +155,11 @@ impl Spooler {
         while !records.is_empty() {
             let need: u64 =
                 records.iter().map(|r| super::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
-            if !self.make_room(need, &mut records, stop).await {
+            let Some(fitting) = self.make_room(need, &mut records, stop).await else {
                 return;
-            }
+            };
             let frames: Vec<(u64, Option<bytes::Bytes>, bytes::Bytes)> =
-                records.iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
+                records[..fitting].iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
             let running = self.sync.is_some();
             let (appended, end, due) = self
                 .blocking(move |writer| {
@@ -216,9 +216,12 @@ impl Spooler {
         }
     }
 
-    /// Frees disk for `need` bytes as `when_full` says. False when the records were dropped
-    /// (counted) instead.
-    async fn make_room(&mut self, need: u64, records: &mut Vec<Record>, stop: &CancellationToken) -> bool {
+    /// Frees disk for `need` bytes as `when_full` says, and tells how many of `records` (from
+    /// the oldest) to write now: all once they fit; under `block` and `drop_newest` the oldest
+    /// that fit in what is free, so a batch larger than the free room never waits for room it
+    /// may never get while part of it could go. `None` when the records were dropped (counted)
+    /// instead.
+    async fn make_room(&mut self, need: u64, records: &mut Vec<Record>, stop: &CancellationToken) -> Option<usize> {
         loop {
             let spool = self.buffer.spool().expect("the spooler runs only with a spool").clone();
             let fits = self
@@ -228,42 +231,52 @@ impl Spooler {
                 })
                 .await;
             if fits {
-                return true;
+                return Some(records.len());
             }
             match self.buffer.policy().when_full {
                 WhenFull::DropNewest => {
                     // Keep the oldest records that fit; only the newest ones are dropped.
-                    let spool = self.buffer.spool().expect("spool");
-                    let mut room = spool.max_bytes().saturating_sub(spool.disk_bytes());
-                    // A segment roll on the way adds a header.
-                    room = room.saturating_sub(super::segment::HEADER.len() as u64 * 2);
-                    let mut keep = 0;
-                    for record in records.iter() {
-                        let len = super::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
-                        if len > room {
-                            break;
-                        }
-                        room -= len;
-                        keep += 1;
-                    }
+                    let keep = self.fitting_prefix(records);
                     let newest = records.split_off(keep);
                     self.abandon(newest, "drop_newest");
-                    return !records.is_empty();
+                    return (!records.is_empty()).then_some(records.len());
                 }
                 WhenFull::DropOldest => {
                     if !self.drop_oldest_segment().await {
                         self.abandon(std::mem::take(records), "drop_oldest");
-                        return false;
+                        return None;
                     }
                 }
                 WhenFull::Block => {
+                    let keep = self.fitting_prefix(records);
+                    if keep > 0 {
+                        return Some(keep);
+                    }
                     if !self.pause(stop).await {
                         self.abandon(std::mem::take(records), "drain_timeout");
-                        return false;
+                        return None;
                     }
                 }
             }
         }
+    }
+
+    /// How many of `records`, oldest first, fit in the spool's free room now.
+    fn fitting_prefix(&self, records: &[Record]) -> usize {
+        let spool = self.buffer.spool().expect("spool");
+        let mut room = spool.max_bytes().saturating_sub(spool.disk_bytes());
+        // A segment roll on the way adds a header.
+        room = room.saturating_sub(super::segment::HEADER.len() as u64 * 2);
+        let mut keep = 0;
+        for record in records {
+            let len = super::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
+            if len > room {
+                break;
+            }
+            room -= len;
+            keep += 1;
+        }
+        keep
     }
 
     /// Deletes the oldest spool segment; counts its disk-only records as dropped.

@@ -134,6 +134,28 @@ fn drop_oldest_deletes_the_oldest_segment_and_reports_its_disk_only_records() {
     assert_eq!(spool.backlog(), Some(SpoolPos::start_of(first + 1)), "the cursor skips the dropped segment");
 }
 
+/// Found by the cold review (issue 12): `drop_oldest` deleted a segment while some of its
+/// records were held in memory; they still deliver, but no segment counted them any more, so a
+/// shutdown before their delivery lost them uncounted.
+#[test]
+fn records_in_memory_of_a_dropped_segment_are_owed_until_delivered_or_evicted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    let first = positions[0].segment;
+    let in_first = positions.iter().filter(|p| p.segment == first).count();
+    // Records 0..3 of the first segment are in memory; the rest of it is disk-only.
+    assert_eq!(spool.evicted(positions[3..in_first].iter().map(|p| (*p, None)).collect()), 0);
+    spool.drop_oldest().expect("a sealed segment");
+    assert_eq!(spool.orphaned(), 3, "three records are held in memory with no segment");
+    spool.done(positions[0]);
+    assert_eq!(spool.orphaned(), 2, "one delivered");
+    assert_eq!(spool.evicted(vec![(positions[1], None)]), 1, "one evicted: lost, counted by the caller");
+    assert_eq!(spool.orphaned(), 1);
+    spool.done(positions[0]);
+    assert_eq!(spool.orphaned(), 1, "a second report of a delivered record changes nothing");
+}
+
 #[test]
 fn a_damaged_segment_is_quarantined_at_start_and_its_intact_records_are_kept() {
     let dir = tempfile::tempdir().expect("tempdir");

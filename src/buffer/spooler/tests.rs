@@ -20,10 +20,14 @@ struct Setup {
 }
 
 fn setup(fsync: Fsync, when_full: WhenFull) -> Setup {
+    setup_sized(fsync, when_full, 1024 * 1024)
+}
+
+fn setup_sized(fsync: Fsync, when_full: WhenFull, spool_max_bytes: u64) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let spool_config = SpoolConfig {
         dir: dir.path().to_path_buf(),
-        max_bytes: 1024 * 1024,
+        max_bytes: spool_max_bytes,
         segment_bytes: 512,
         fsync,
         max_body: 64 * 1024,
@@ -172,6 +176,29 @@ async fn a_plain_io_error_is_never_a_policy_drop_even_under_drop_oldest() {
     let events = s.tracker.take_events();
     assert!(events.iter().all(|event| matches!(event, AckEvent::Upto(_))), "no refusal: {events:?}");
     assert_eq!(events.last(), Some(&AckEvent::Upto(23)));
+}
+
+/// Found by the cold review: under `block` a batch larger than the spool's free room waited
+/// for room for the whole batch, so the room that was free stayed unused (and the batch could
+/// wait for room the backlog would free only if this very batch were written first).
+#[tokio::test]
+async fn under_block_a_batch_larger_than_the_free_room_writes_the_oldest_that_fit() {
+    let mut s = setup_sized(Fsync::Never, WhenFull::Block, 4 * 1024);
+    let records = s.accept(300).await;
+    let stop = CancellationToken::new();
+    let cancel = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cancel.cancel();
+    });
+    s.spooler.write(records, &stop).await;
+    let spool = s.buffer.spool().expect("spool").clone();
+    let written = spool.undelivered();
+    assert!(written > 0 && written < 300, "the oldest that fit are written: {written} of 300");
+    assert!(spool.disk_bytes() * 10 > spool.max_bytes() * 8, "the free room is used: {} bytes", spool.disk_bytes());
+    let events = s.tracker.take_events();
+    let refused = events.iter().filter(|event| matches!(event, AckEvent::Refused { .. })).count() as u64;
+    assert_eq!(refused, 300 - written, "only the rest waited, then were given up at the deadline: {events:?}");
 }
 
 #[tokio::test]
