@@ -166,24 +166,29 @@ pub async fn run(
     // 1. No new connections; open ones read while data keeps coming, until they idle or half the
     //    drain timeout has passed: then they stop reading (a writer's next write fails), take in
     //    what is already in their socket, and close. The other half is for shipping.
-    for task in listen_tasks {
-        tasks.join(task).await;
-    }
-    connections.close();
-    let read_deadline = started + config.agent.drain_timeout / 2;
-    if tokio::time::timeout_at(read_deadline, connections.wait()).await.is_err() {
-        info!("connections still reading at half the drain timeout: they stop reading now");
-        stages.stop_reading.cancel();
-    }
     // 2. A connection still waiting at the deadline (for buffer room, a rate limit, or a writer
     //    reading its acknowledgements) gives up, counting what it holds as `drain_timeout`. Every
     //    wait of a connection ends on `abandon`, so they all finish: only then may the spool
     //    writer stop and the final count be taken (a record pushed later would be in neither).
-    if tokio::time::timeout_at(deadline, connections.wait()).await.is_err() {
-        warn!(buffer = buffer.describe(), "connections still busy at the drain deadline; they give up");
-        stages.abandon();
-        if tokio::time::timeout(CONNECTIONS_AFTER_ABANDON, connections.wait()).await.is_err() {
-            error!("connections did not finish after the drain deadline: records they read later are not counted");
+    //    A datagram listener drains its socket's queue under the same two deadlines.
+    let readers_done = async {
+        for task in listen_tasks {
+            tasks.join(task).await;
+        }
+        connections.close();
+        connections.wait().await;
+    };
+    tokio::pin!(readers_done);
+    let read_deadline = started + config.agent.drain_timeout / 2;
+    if tokio::time::timeout_at(read_deadline, &mut readers_done).await.is_err() {
+        info!("connections still reading at half the drain timeout: they stop reading now");
+        stages.stop_reading.cancel();
+        if tokio::time::timeout_at(deadline, &mut readers_done).await.is_err() {
+            warn!(buffer = buffer.describe(), "connections still busy at the drain deadline; they give up");
+            stages.abandon();
+            if tokio::time::timeout(CONNECTIONS_AFTER_ABANDON, &mut readers_done).await.is_err() {
+                error!("connections did not finish after the drain deadline: records they read later are not counted");
+            }
         }
     }
     // 3. The spool writer writes what the connections accepted, then seals its segment.

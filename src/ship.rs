@@ -196,6 +196,9 @@ impl ShipContext {
                 spool.delete_done();
             }
         }
+        // The memory goes back before the writer hears of it: whoever is told the record is
+        // settled sees its lease gone too.
+        drop(lease);
         // An ack still unsettled here is settled now: delivered is durable, whatever point it
         // waited for (a `spooled` ack settled at write time is no longer with the record).
         if let Some(ack) = ack {
@@ -204,7 +207,6 @@ impl ShipContext {
                 Some(reason) => ack.refused(reason),
             }
         }
-        drop(lease);
         self.buffer.notify_settled();
     }
 }

@@ -58,6 +58,21 @@ pub const READ_UNIT: usize = 16 * 1024;
 /// The first line that switches a connection to acknowledged mode.
 pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 
+/// How long one write of acknowledgements may wait for the writer to read them. A writer that
+/// stops reading its acknowledgements would otherwise hold its connection, and its share of the
+/// acknowledgement budget, for ever; after this the connection takes in the record in hand
+/// (delivered, just not acknowledged) and closes.
+pub const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a record on an acknowledged connection got no number.
+enum Unnumbered {
+    /// The drain deadline came: the record is given up, counted as `drain_timeout`.
+    Abandoned,
+    /// The acknowledgement writer ended (the peer stopped reading them, or went away): the
+    /// record is taken in without a number and the connection closes after it.
+    WriterGone,
+}
+
 /// Serves one connection until the writer closes it, it idles out, it breaks, or shutdown has
 /// drained it. `slot` is its place under `max_connections`, given back when it closes.
 pub async fn serve(
@@ -90,7 +105,13 @@ pub async fn serve(
     let limit_key =
         listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
     let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
-    let mut replies = Replies { write_half: Some(write_half), tracker: None, task: None, chunks: None };
+    let mut replies = Replies {
+        write_half: Some(write_half),
+        tracker: None,
+        task: None,
+        chunks: None,
+        writer_gone: CancellationToken::new(),
+    };
     let idle = listener.config.idle_timeout;
     let mut first = true;
     let mut draining = false;
@@ -167,14 +188,23 @@ pub async fn serve(
             }
             Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
                 forward_message(&bytes, &mut sink, &mut replies, &ingest, &listener).await;
+                if replies.writer_gone.is_cancelled() {
+                    debug!("acknowledgements cannot be written; closing connection");
+                    break;
+                }
             }
             Frame::Record(bytes) => {
                 let ack = match &replies.tracker {
-                    Some(tracker) => match numbered(tracker, &ingest).await {
-                        Some(ack) => Some(ack),
-                        None => {
+                    Some(tracker) => match numbered(tracker, &ingest, &replies.writer_gone).await {
+                        Ok(ack) => Some(ack),
+                        Err(Unnumbered::Abandoned) => {
                             sink.give_up();
                             continue;
+                        }
+                        Err(Unnumbered::WriterGone) => {
+                            sink.offer(&bytes, None).await;
+                            debug!("acknowledgements cannot be written; closing connection");
+                            break;
                         }
                     },
                     None => None,
@@ -216,12 +246,37 @@ pub async fn serve(
 
 /// The next record's number on an acknowledged connection, once the connection (and the agent)
 /// may have another record unreported ([`crate::buffer::ack::AckBudget`]): a writer that does not
-/// read its acknowledgements is held here. `None` if the drain deadline came first.
-async fn numbered(tracker: &Arc<AckTracker>, ingest: &IngestContext) -> Option<crate::buffer::ack::Ack> {
+/// read its acknowledgements is held here, until [`ACK_WRITE_TIMEOUT`] ends its writer task.
+async fn numbered(
+    tracker: &Arc<AckTracker>,
+    ingest: &IngestContext,
+    writer_gone: &CancellationToken,
+) -> Result<crate::buffer::ack::Ack, Unnumbered> {
     tokio::select! {
         biased;
-        _ = ingest.abandon.cancelled() => None,
-        _ = tracker.room() => Some(tracker.issue()),
+        _ = ingest.abandon.cancelled() => Err(Unnumbered::Abandoned),
+        _ = writer_gone.cancelled() => Err(Unnumbered::WriterGone),
+        _ = tracker.room() => Ok(tracker.issue()),
+    }
+}
+
+/// Writes `bytes` to the acknowledgement reader, unless it takes longer than
+/// [`ACK_WRITE_TIMEOUT`] or the drain deadline comes. False if the writer task should end.
+pub(super) async fn write_acks(writer: &mut OwnedWriteHalf, bytes: &[u8], abandon: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        _ = abandon.cancelled() => false,
+        written = tokio::time::timeout(ACK_WRITE_TIMEOUT, writer.write_all(bytes)) => match written {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                debug!(%error, "acknowledgement reader went away");
+                false
+            }
+            Err(_) => {
+                debug!(timeout = ?ACK_WRITE_TIMEOUT, "the writer does not read its acknowledgements; closing");
+                false
+            }
+        },
     }
 }
 
@@ -279,17 +334,20 @@ async fn forward_message(
     for (offered, event) in events.enumerate() {
         let ack = match &chunk {
             // Each event waits for room in the acknowledgement budget, as a line does.
-            Some((tracker, last)) => match numbered(tracker, ingest).await {
-                Some(ack) => {
+            Some((tracker, last)) => match numbered(tracker, ingest, &replies.writer_gone).await {
+                Ok(ack) => {
                     debug_assert!(ack.seq() <= *last, "only the reader numbers its connection's records");
                     Some(ack)
                 }
-                None => {
+                Err(Unnumbered::Abandoned) => {
                     // The drain deadline came first: this event and the rest are given up,
                     // and counted so.
                     (offered..count).for_each(|_| sink.give_up());
                     return;
                 }
+                // No acknowledgement can be written: the rest of the message is taken in
+                // without numbers (the connection closes after it).
+                Err(Unnumbered::WriterGone) => None,
             },
             None => None,
         };
@@ -299,7 +357,10 @@ async fn forward_message(
         }
     }
     if let Some((tracker, last)) = &chunk {
-        debug_assert_eq!(tracker.issued(), *last, "a chunk's events are numbered up to its last");
+        debug_assert!(
+            tracker.issued() == *last || replies.writer_gone.is_cancelled(),
+            "a chunk's events are numbered up to its last"
+        );
     }
 }
 
@@ -310,6 +371,8 @@ struct Replies {
     task: Option<JoinHandle<()>>,
     /// Forward: chunks waiting for acknowledgement, to the writer task.
     chunks: Option<mpsc::Sender<PendingChunk>>,
+    /// Cancelled when the writer task ends: nothing more can be acknowledged.
+    writer_gone: CancellationToken,
 }
 
 impl Replies {
@@ -317,7 +380,13 @@ impl Replies {
     fn start_line_acks(&mut self, ingest: &IngestContext) {
         let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         if let Some(writer) = self.write_half.take() {
-            self.task = Some(tokio::spawn(write_line_acks(writer, tracker.clone(), ingest.abandon.clone())));
+            let gone = self.writer_gone.clone().drop_guard();
+            let abandon = ingest.abandon.clone();
+            let tracker = tracker.clone();
+            self.task = Some(tokio::spawn(async move {
+                let _gone = gone;
+                write_line_acks(writer, tracker, abandon).await;
+            }));
         }
         self.tracker = Some(tracker);
     }
@@ -326,7 +395,7 @@ impl Replies {
     /// (none if the drain deadline came while waiting for room: the refusal is still counted).
     async fn line_ack(&self, ingest: &IngestContext) -> Option<crate::buffer::ack::Ack> {
         match (&self.tracker, &self.chunks) {
-            (Some(tracker), None) => numbered(tracker, ingest).await,
+            (Some(tracker), None) => numbered(tracker, ingest, &self.writer_gone).await.ok(),
             _ => None,
         }
     }
@@ -339,12 +408,12 @@ impl Replies {
         let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         let (chunks, receiver) = mpsc::channel(forward::MAX_PENDING_CHUNKS);
         if let Some(writer) = self.write_half.take() {
-            self.task = Some(tokio::spawn(forward::write_chunk_acks(
-                writer,
-                tracker.clone(),
-                receiver,
-                ingest.abandon.clone(),
-            )));
+            let gone = self.writer_gone.clone().drop_guard();
+            let write = forward::write_chunk_acks(writer, tracker.clone(), receiver, ingest.abandon.clone());
+            self.task = Some(tokio::spawn(async move {
+                let _gone = gone;
+                write.await;
+            }));
         }
         self.tracker = Some(tracker.clone());
         self.chunks = Some(chunks.clone());
@@ -370,7 +439,7 @@ impl Replies {
 /// reader finished, the peer goes away, or the drain deadline passes.
 async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
     let hello = format!("OK {}\n", tracker.point().as_str());
-    if writer.write_all(hello.as_bytes()).await.is_err() {
+    if !write_acks(&mut writer, hello.as_bytes(), &abandon).await {
         return;
     }
     let mut text = String::new();
@@ -386,8 +455,7 @@ async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, a
                 AckEvent::Upto(seq) => text.push_str(&format!("ACK {seq}\n")),
             }
         }
-        if writer.write_all(text.as_bytes()).await.is_err() {
-            debug!("acknowledgement reader went away");
+        if !write_acks(&mut writer, text.as_bytes(), &abandon).await {
             break;
         }
         if tracker.reading_done() && tracker.all_reported() {
@@ -572,4 +640,32 @@ impl ReadRoom {
 /// Pool units a record of `max_record_size` can need unread: the record and one read chunk.
 pub fn read_units(max_record_size: usize) -> u32 {
     u32::try_from((max_record_size + 64 * 1024).div_ceil(READ_UNIT)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the cold review (issue 12): an acknowledgement write waited for ever on a writer
+    /// that does not read them, holding its connection and its share of the acknowledgement
+    /// budget.
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledgement_write_the_writer_never_reads_gives_up_after_the_timeout() {
+        let (ours, _theirs) = UnixStream::pair().expect("socket pair");
+        let (_read, mut write) = ours.into_split();
+        let never_read = vec![b'A'; 16 * 1024 * 1024];
+        let started = tokio::time::Instant::now();
+        let written = write_acks(&mut write, &never_read, &CancellationToken::new()).await;
+        assert!(!written, "the write gives up");
+        assert!(started.elapsed() >= ACK_WRITE_TIMEOUT, "after the timeout, not before");
+    }
+
+    #[tokio::test]
+    async fn an_acknowledgement_write_ends_at_the_drain_deadline() {
+        let (ours, _theirs) = UnixStream::pair().expect("socket pair");
+        let (_read, mut write) = ours.into_split();
+        let abandon = CancellationToken::new();
+        abandon.cancel();
+        assert!(!write_acks(&mut write, &vec![b'A'; 16 * 1024 * 1024], &abandon).await);
+    }
 }

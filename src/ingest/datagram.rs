@@ -24,7 +24,8 @@ use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
 use crate::telemetry::Rejected;
 
-/// Receives datagrams until `stop`, then takes what is already queued and returns.
+/// Receives datagrams until `stop`, then takes what is already queued (until the agent stops
+/// reading, at half the drain timeout) and returns.
 pub async fn serve(
     socket: UnixDatagram,
     listener: Arc<ListenerContext>,
@@ -55,8 +56,10 @@ pub async fn serve(
             }
         }
     }
-    // What writers already sent is in the kernel's queue: take it before closing.
-    loop {
+    // What writers already sent is in the kernel's queue: take it before closing, until the
+    // agent says to stop reading (writers that keep sending would keep this going for ever).
+    // What is still queued then was never read: the socket is closed with it.
+    while !ingest.stop_reading.is_cancelled() {
         match socket.try_recv(&mut buf) {
             Ok(len) => take(&mut sink, &buf, len, max).await,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,

@@ -319,8 +319,7 @@ async fn write_chunk_acks_within(
                 }
             }
         }
-        if !reply.is_empty() && writer.write_all(&reply).await.is_err() {
-            debug!("forward client stopped reading acknowledgements");
+        if !reply.is_empty() && !super::connection::write_acks(&mut writer, &reply, &abandon).await {
             break;
         }
         if reader_done && pending.is_empty() {

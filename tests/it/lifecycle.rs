@@ -188,6 +188,53 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
     );
 }
 
+/// Found by the cold review (issue 12): a datagram listener drained its socket's queue until it
+/// was empty, and a writer that keeps sending (a datagram sender blocks while the queue is full,
+/// so it is never empty while the listener waits, here for its rate limit) held the drain, and
+/// the agent's exit, for ever. It now stops reading at
+/// half the drain timeout like a connection, and everything it read is a row or counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
+    let mut socket = None;
+    let pipeline = start_pipeline("dgramdrain", 1, |config| {
+        config.set("agent", "drain_timeout", "2s");
+        socket = Some(config.add_listener("dgram", "datagram"));
+        // Throttled: the listener's queue stays full while it waits, as under a slow buffer.
+        config.listener("dgram", "rate_limit", toml::toml! { records_per_second = 200 });
+    })
+    .await;
+    let socket = socket.expect("datagram socket");
+    let Pipeline { mut agent, db, .. } = pipeline;
+    let sender = std::os::unix::net::UnixDatagram::unbound().expect("socket");
+    let writer = std::thread::spawn(move || {
+        let mut sent = 0u64;
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if sender.send_to(format!("datagram {sent}").as_bytes(), &socket).is_err() {
+                break; // the agent closed the socket
+            }
+            sent += 1;
+        }
+        sent
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(20)).await;
+    assert!(status.success(), "the agent exits in time: {status:?}\n{}", agent.log_text());
+    let sent = writer.join().expect("writer");
+    let (lost, abandoned, _) = drain_account(&agent.log_text());
+    let rows = eventually("rows settle", || async {
+        let before = row_count(&db).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = row_count(&db).await;
+        (before == after && after > 0).then_some(after)
+    })
+    .await as u64;
+    // Datagrams still queued when the socket closed were never read, so never accepted.
+    assert!(rows + lost + abandoned <= sent, "rows {rows} + lost {lost} + abandoned {abandoned} <= sent {sent}");
+    assert!(rows > 0);
+}
+
 /// Issue 12, item 13: a panicked shipper looked "drained" (`let _ = task.await`) and the agent
 /// exited 0. Now the failure is logged at ERROR, starts the drain, and the exit code says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
