@@ -240,6 +240,33 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A repair of a damaged segment ([`recover_segment`]) writes and syncs the intact copy as
+/// `N.seg.tmp`, moves `N.seg` to the quarantine, then renames the copy to `N.seg`. A crash in
+/// between leaves a copy: with `N.seg` still there it may be partial and is removed (the repair
+/// runs again); without it, it is complete and takes its place, else its records would be
+/// neither delivered nor counted.
+fn finish_interrupted_repairs(dir: &Path) -> io::Result<()> {
+    let copies: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| path.to_str().is_some_and(|name| name.ends_with(".seg.tmp")))
+        .collect();
+    for copy in &copies {
+        let segment = copy.with_extension("");
+        if segment.exists() {
+            warn!(copy = %copy.display(), "removing the partial copy of an interrupted segment repair");
+            std::fs::remove_file(copy)?;
+        } else {
+            warn!(segment = %segment.display(), "completing an interrupted segment repair");
+            std::fs::rename(copy, &segment)?;
+        }
+    }
+    if !copies.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 impl Spool {
     /// Opens (or creates) the spool, recovering what an earlier run left. Blocking.
     pub fn open(config: SpoolConfig) -> io::Result<(Arc<Spool>, SpoolWriter, Recovered)> {
@@ -247,6 +274,7 @@ impl Spool {
         let quarantine = config.dir.join("quarantine");
         let mut recovered = Recovered::default();
         let mut state = State::default();
+        finish_interrupted_repairs(&config.dir)?;
         let mut ids: Vec<u64> = std::fs::read_dir(&config.dir)?
             .filter_map(|entry| entry.ok())
             .filter_map(|entry| entry.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
@@ -540,7 +568,7 @@ impl Spool {
 
     /// A reader of disk-only records.
     pub fn reader(self: &Arc<Self>) -> SpoolReader {
-        SpoolReader { spool: self.clone(), file: None, body: Vec::new() }
+        SpoolReader { spool: self.clone(), file: None, body: Vec::new(), failures: None }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -962,7 +990,14 @@ pub struct SpoolReader {
     spool: Arc<Spool>,
     file: Option<(u64, BufReader<File>, u64)>,
     body: Vec<u8>,
+    /// Reads in a row that failed with an I/O error at one position.
+    failures: Option<(SpoolPos, u32)>,
 }
+
+/// Reads in a row that may fail at one position before the rest of its segment is given up as
+/// lost (counted `corrupt`): a disk that keeps failing there would otherwise stop the backlog,
+/// and the spool, for ever.
+pub const MAX_READ_FAILURES: u32 = 3;
 
 impl SpoolReader {
     /// Reads the disk-only records from `from` while their position is below `upto`, stopping
@@ -1017,10 +1052,15 @@ impl SpoolReader {
                     }
                 }
             }
-            self.open_at(pos)?;
             let max_body = self.spool.config.max_body;
-            let Some((_, reader, _)) = self.file.as_mut() else { break };
-            match segment::read_frame(reader, &mut self.body, max_body) {
+            let read = match self.open_at(pos) {
+                Ok(()) => {
+                    let Some((_, reader, _)) = self.file.as_mut() else { break };
+                    segment::read_frame(reader, &mut self.body, max_body)
+                }
+                Err(error) => Err(segment::ReadError::Io(error)),
+            };
+            match read {
                 Ok(true) => {
                     let Some(frame) = segment::body_frame(&self.body) else { break };
                     let len = (segment::FRAME_OVERHEAD + self.body.len()) as u64;
@@ -1047,7 +1087,41 @@ impl SpoolReader {
                         _ => break,
                     }
                 }
-                Err(segment::ReadError::Io(error)) => return Err(error),
+                Err(segment::ReadError::Io(error)) => {
+                    self.file = None;
+                    if !batch.records.is_empty() || batch.corrupt_regions > 0 {
+                        // What was read goes on (its records are held now); the error comes
+                        // back on the next read, which starts here.
+                        break;
+                    }
+                    let failures = match self.failures {
+                        Some((at, failures)) if at == pos => failures + 1,
+                        _ => 1,
+                    };
+                    if failures < MAX_READ_FAILURES {
+                        self.failures = Some((pos, failures));
+                        return Err(error);
+                    }
+                    self.failures = None;
+                    error!(
+                        %error,
+                        segment = pos.segment,
+                        offset = pos.offset,
+                        failures,
+                        "the spool cannot read this segment; the rest of it is given up"
+                    );
+                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
+                    batch.corrupt_regions += 1;
+                    batch.corrupt_records += lost;
+                    batch.corrupt_bytes += skipped_bytes;
+                    match self.next_segment(pos.segment) {
+                        Some(next) if next <= upto => pos = next,
+                        _ => {
+                            pos = upto;
+                            break;
+                        }
+                    }
+                }
                 Err(segment::ReadError::Corrupt) => {
                     let quarantined = self.spool.quarantine_copy(pos.segment);
                     let (lost, skipped_bytes) = self.spool.lose_rest(pos);

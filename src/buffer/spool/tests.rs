@@ -318,3 +318,77 @@ fn concurrent_deletes_subtract_a_segment_once() {
         assert_eq!(spool.disk_bytes(), file_bytes(dir.path()));
     }
 }
+
+/// Found by the cold review (issue 12): a crash between the two renames of a segment repair
+/// left the intact copy as `N.seg.tmp`, which the next start ignored: its records were neither
+/// delivered nor counted.
+#[test]
+fn a_segment_repair_interrupted_by_a_crash_is_completed_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(dir.path());
+    config.segment_bytes = 1024 * 1024;
+    {
+        let (_spool, mut writer, _) = Spool::open(config.clone()).expect("open");
+        append_all(&mut writer, &payloads(10));
+        writer.close().expect("close");
+    }
+    let segment = segment_files(dir.path()).remove(0);
+    // Crashed after moving the original to the quarantine: only the copy is left.
+    let copy = segment.with_extension("seg.tmp");
+    std::fs::rename(&segment, &copy).expect("rename");
+    let (spool, writer, _) = Spool::open(config.clone()).expect("open");
+    assert_eq!(spool.undelivered(), 10, "the copy's records are owed again");
+    assert!(segment.exists() && !copy.exists());
+    drop((spool, writer));
+    // Crashed while writing the copy: the original is still there, the copy may be partial.
+    std::fs::write(&copy, b"partial").expect("write");
+    let (spool, _writer, _) = Spool::open(config).expect("open");
+    assert_eq!(spool.undelivered(), 10, "the original counts, once");
+    assert!(!copy.exists(), "the partial copy is gone");
+}
+
+/// Makes segment `id` fail every read with an I/O error (a directory opens, but `read` fails
+/// with `EISDIR`), as a failing disk would.
+fn make_unreadable(dir: &Path, id: u64) {
+    let path = segment_path(dir, id);
+    std::fs::remove_file(&path).expect("remove");
+    std::fs::create_dir(&path).expect("a directory in its place");
+}
+
+/// Found by the cold review (issue 12): an I/O error on a backlog read was retried for ever at
+/// the same place, so a segment the disk cannot read stopped the backlog, and once the spool was
+/// full, the writers. After a few failures the rest of the segment is given up, counted.
+#[test]
+fn a_segment_that_keeps_failing_to_read_is_given_up_and_counted_after_a_few_tries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
+    let first = positions[0].segment;
+    let in_first = positions.iter().filter(|p| p.segment == first).count();
+    make_unreadable(dir.path(), first);
+    let mut reader = spool.reader();
+    for _ in 1..MAX_READ_FAILURES {
+        assert!(reader.read(positions[0], writer.end(), usize::MAX, usize::MAX).is_err(), "retried at first");
+    }
+    let batch = reader.read(positions[0], writer.end(), usize::MAX, usize::MAX).expect("given up, then read on");
+    assert_eq!(batch.corrupt_records, in_first as u64, "the unreadable segment's records are counted");
+    assert_eq!(batch.records.len(), 40 - in_first, "the rest is read");
+    assert_eq!(spool.undelivered(), 40 - in_first as u64);
+}
+
+/// Found with the one above: records read before an I/O error in the same read were marked held
+/// and then thrown away with the error, so nobody held them and their segment never finished.
+#[test]
+fn records_read_before_an_io_error_are_handed_on_not_left_held_by_nobody() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
+    let second = positions.iter().map(|p| p.segment).find(|s| *s != positions[0].segment).expect("two segments");
+    let before = positions.iter().filter(|p| p.segment < second).count();
+    make_unreadable(dir.path(), second);
+    let batch = spool.reader().read(positions[0], writer.end(), usize::MAX, usize::MAX).expect("what was read");
+    assert_eq!(batch.records.len(), before, "the records before the failing segment");
+    assert_eq!(batch.next, Some(SpoolPos::start_of(second)), "the next read starts at the failure");
+}
