@@ -117,6 +117,7 @@ pub async fn run(
         abandoned: std::sync::atomic::AtomicU64::new(0),
         acks: AckBudget::new(ack_limit(&config), ACK_WINDOW),
         read_pool: ingest::read_pool(&config.ingest),
+        inflations: Arc::new(tokio::sync::Semaphore::new(ingest::MAX_INFLATIONS)),
     });
 
     // ---- Spawn: every task under `tasks`; one that fails starts the drain, like a signal.

@@ -926,11 +926,12 @@ impl Config {
             return Err(invalid(
                 "buffer.max_bytes",
                 format!(
-                    "must be at least {} (twice the largest message a record may become: 2 x \
-                     ingest.listeners.{}.max_record_size = {} + {} for its envelope), so that \
-                     librdkafka's queue and the buffer can each take one; raise buffer.max_bytes or \
-                     lower max_record_size",
+                    "must be at least {} ({} bytes): twice the largest message a record may become \
+                     (2 x ingest.listeners.{}.max_record_size of {}, plus {} for its envelope), so \
+                     that librdkafka's queue and the buffer can each take one; raise \
+                     buffer.max_bytes or lower max_record_size",
                     ByteSize(largest * 2),
+                    largest * 2,
                     self.largest_record_listener(),
                     ByteSize(record),
                     ByteSize(ENVELOPE_HEADROOM),
@@ -943,11 +944,12 @@ impl Config {
             return Err(invalid(
                 "buffer.max_bytes",
                 format!(
-                    "with buffer.type = \"disk\" must be at least {} (three times the largest message a record \
-                     may become: 2 x ingest.listeners.{}.max_record_size = {} + {} for its envelope): \
-                     librdkafka's queue, the backlog reader and the readers each take one; raise \
-                     buffer.max_bytes or lower max_record_size",
+                    "with buffer.type = \"disk\" must be at least {} ({} bytes): three times the largest \
+                     message a record may become (2 x ingest.listeners.{}.max_record_size of {}, plus {} \
+                     for its envelope), so that librdkafka's queue, the backlog reader and the readers \
+                     can each take one; raise buffer.max_bytes or lower max_record_size",
                     ByteSize(largest * 3 + 1024),
+                    largest * 3 + 1024,
                     self.largest_record_listener(),
                     ByteSize(record),
                     ByteSize(ENVELOPE_HEADROOM),

@@ -116,7 +116,15 @@ pub struct IngestContext {
     /// The shared read pool, in [`connection::READ_UNIT`]s: room for connections to hold long
     /// records unread beyond [`connection::SMALL_READ`] each (see [`read_pool`]).
     pub read_pool: Arc<Semaphore>,
+    /// Slots for compressed Forward messages held inflated ([`MAX_INFLATIONS`]).
+    pub inflations: Arc<Semaphore>,
 }
+
+/// Compressed Forward messages the agent holds inflated at once (each at most its listener's
+/// `max_record_size`) while their events go to the buffer. A message that finds no slot lets
+/// its inflated stream go and waits for one, so connections waiting on a full buffer hold their
+/// compressed bytes, not a stream each up to `max_record_size`.
+pub const MAX_INFLATIONS: usize = 4;
 
 /// Bytes of the shared read pool: what all connections together may hold unread beyond their
 /// small share. Never less than one record of the largest `max_record_size` can need.

@@ -303,9 +303,31 @@ async fn forward_message(
 ) {
     let limits =
         forward::Limits { max_record_size: listener.config.max_record_bytes(), max_json_depth: ingest.max_json_depth };
-    let events = match forward::events(bytes, limits) {
-        Ok(events) => events,
-        Err(reason) => return sink.reject(reason, None),
+    // A compressed message holds an inflation slot while its events go to the sink.
+    let mut waited = None;
+    let (events, _inflating) = loop {
+        let events = match forward::events(bytes, limits) {
+            Ok(events) => events,
+            Err(reason) => return sink.reject(reason, None),
+        };
+        if events.inflated_len() == 0 {
+            break (events, None);
+        }
+        if let Some(slot) = waited.take() {
+            break (events, Some(slot));
+        }
+        if let Ok(slot) = ingest.inflations.clone().try_acquire_owned() {
+            break (events, Some(slot));
+        }
+        // No slot: let the inflated stream go while waiting, then inflate again.
+        let count = events.len();
+        drop(events);
+        tokio::select! {
+            biased;
+            _ = ingest.abandon.cancelled() => return (0..count).for_each(|_| sink.give_up()),
+            // The pool is never closed.
+            slot = ingest.inflations.clone().acquire_owned() => waited = slot.ok(),
+        }
     };
     let count = events.len();
     let wire_len = bytes.len() / count.max(1);

@@ -407,3 +407,61 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
     );
     drop(held);
 }
+
+/// Found by the cold review (issue 12): a compressed Forward message was held inflated (up to
+/// `max_record_size`) while its events waited for buffer room, one per connection: forty peers
+/// sending small gzip bombs into a full buffer made the agent hold forty inflated streams (here
+/// sixty: 53 MiB). Now
+/// at most `MAX_INFLATIONS` (4) are held; the others wait with only their compressed bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compressed_forward_messages_waiting_for_a_full_buffer_are_not_all_held_inflated() {
+    use rmpv::Value;
+    const PEERS: usize = 60;
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("inflate_rss"));
+    let socket = config.add_listener("fwd", "forward");
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_bytes", "5 MiB")
+        .set("buffer", "when_full", "block")
+        .set("buffer", "block_timeout", "forever")
+        .set("agent", "drain_timeout", "1s")
+        .listener("fwd", "max_record_size", "1 MiB");
+    let path = config.write();
+    let agent = config.spawn_agent_at(&path).await;
+    eventually("socket appears", || async { socket.exists().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_kib = vm_kib(agent.pid(), "VmRSS:");
+
+    // 900 events of about 1 KiB: 0.9 MiB inflated from a few KiB.
+    let mut stream = Vec::new();
+    for n in 0..900 {
+        let event = Value::Array(vec![
+            Value::from(n),
+            Value::Map(vec![(Value::from("message"), Value::from("z".repeat(1000)))]),
+        ]);
+        rmpv::encode::write_value(&mut stream, &event).expect("encode");
+    }
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gzip, &stream).expect("gzip");
+    let option = Value::Map(vec![(Value::from("compressed"), Value::from("gzip"))]);
+    let message = Value::Array(vec![Value::from("bomb"), Value::Binary(gzip.finish().expect("gzip")), option]);
+    let mut bytes = Vec::new();
+    rmpv::encode::write_value(&mut bytes, &message).expect("encode");
+
+    let mut held = Vec::new();
+    for _ in 0..PEERS {
+        let mut stream = connect(&socket).await;
+        stream.write_all(&bytes).await.expect("a few KiB fit in the socket");
+        held.push(stream);
+    }
+    // Every peer's message is read at once; the buffer fills, and they all wait.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let peak_kib = vm_kib(agent.pid(), "VmHWM:");
+    let grown_kib = peak_kib.saturating_sub(idle_kib);
+    // Four inflated streams, the budget (and librdkafka's share of it), slack; not forty streams.
+    let bound_kib = 4 * 1024 + 5 * 1024 + 12 * 1024;
+    eprintln!("compressed forward peers: idle {idle_kib} KiB, peak {peak_kib} KiB, grown {grown_kib} KiB");
+    assert!(grown_kib <= bound_kib, "grew {grown_kib} KiB over the bound {bound_kib} KiB with {PEERS} peers");
+    drop(held);
+}
