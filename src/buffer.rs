@@ -652,10 +652,11 @@ impl Buffer {
     }
 
     /// Records accepted and not yet acknowledged by Kafka (or counted): for a memory buffer,
-    /// those held; for a disk buffer, those the spool owes plus those not written to it yet.
+    /// those held; for a disk buffer, those the spool owes, those held in memory whose segment
+    /// `drop_oldest` deleted, and those not written to it yet.
     pub fn undelivered(&self) -> u64 {
         match &self.shared.spool {
-            Some(spool) => spool.undelivered() + self.queued_intake() as u64,
+            Some(spool) => spool.undelivered() + spool.orphaned() + self.queued_intake() as u64,
             None => self.held_records() as u64,
         }
     }

@@ -991,6 +991,10 @@ impl Config {
         if self.buffer.max_records == 0 || self.buffer.max_records > 10_000_000 {
             return Err(invalid("buffer.max_records", "must be between 1 and 10000000".into()));
         }
+        if self.buffer.kind == BufferKind::Disk && self.buffer.max_records < 2 {
+            // The backlog's reserve takes one record slot readers never get.
+            return Err(invalid("buffer.max_records", "with buffer.type = \"disk\" must be at least 2".into()));
+        }
         if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.ship.compression.as_str()) {
             return Err(invalid(
                 "ship.compression",

@@ -338,7 +338,8 @@ impl Spool {
                 if state.orphaned.remove(&(pos.segment, pos.index)) {
                     lost += 1;
                 }
-                if let Some(ack) = ack {
+                let parked = state.take_ack(pos);
+                for ack in [ack, parked].into_iter().flatten() {
                     ack.refused("drop_oldest");
                 }
                 continue;
@@ -517,6 +518,20 @@ impl Spool {
             for pos in lost_positions {
                 if let Some(ack) = state.take_ack(pos) {
                     ack.refused("drop_oldest");
+                }
+            }
+            // The `spooled` acks of records held in memory no longer have a file a sync could
+            // make durable: each waits for its record's delivery (or its refusal, if evicted).
+            let unsyncable: Vec<SpoolPos> = state
+                .awaiting_sync
+                .keys()
+                .chain(state.syncing.keys())
+                .filter(|pos| pos.segment == id)
+                .copied()
+                .collect();
+            for pos in unsyncable {
+                if let Some(ack) = state.take_ack(pos) {
+                    state.parked_acks.insert(pos, ack);
                 }
             }
             (id, lost)

@@ -319,6 +319,28 @@ fn concurrent_deletes_subtract_a_segment_once() {
     }
 }
 
+/// Found by the second cold review (issue 12): a record held in memory whose `spooled` ack
+/// waited for a sync kept it there when `drop_oldest` deleted its segment; evicted later (lost,
+/// counted `drop_oldest`), it was still acknowledged by the next sync.
+#[test]
+fn a_record_of_a_dropped_segment_is_never_acknowledged_by_a_later_sync() {
+    use crate::buffer::ack::{AckEvent, AckPoint, AckTracker};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    let first = positions[0].segment;
+    let tracker = AckTracker::new(AckPoint::Spooled);
+    // Record 0 of the first segment: in memory, its ack waiting for a sync.
+    spool.await_sync([(positions[0], tracker.issue())]);
+    spool.drop_oldest().expect("a sealed segment");
+    assert_eq!(positions[0].segment, first);
+    assert_eq!(spool.evicted(vec![(positions[0], None)]), 1, "evicted after its segment went: lost");
+    let refused = vec![AckEvent::Refused { seq: 1, reason: "drop_oldest" }, AckEvent::Upto(1)];
+    assert_eq!(tracker.take_events(), refused, "refused when it is lost");
+    spool.synced(true);
+    assert_eq!(tracker.take_events(), vec![], "and never acknowledged by the sync");
+}
+
 /// Found by the cold review (issue 12): a crash between the two renames of a segment repair
 /// left the intact copy as `N.seg.tmp`, which the next start ignored: its records were neither
 /// delivered nor counted.
