@@ -8,6 +8,16 @@
 //! the primary key (record id, ingest time) with `ON CONFLICT DO NOTHING` makes that redelivery
 //! add no rows: exactly one row per record.
 //!
+//! Counting under redelivery: `sluice_persist_rows_written_total` and
+//! `sluice_persist_dead_letters_total` count what PostgreSQL reports inserting, so a redelivered
+//! row or dead letter counts once (as `sluice_persist_rows_duplicate_total`, or not at all); the
+//! parts an isolation committed before an error not about the data are not written again.
+//! `sluice_persist_records_lost_total` has nothing stored to compare with: a redelivered message
+//! PostgreSQL refuses again is counted again. The ingest-time window is applied at each delivery,
+//! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
+//! row stored before the crash (until retention drops that day's partition), or a row after an
+//! `ingest_time_in_future` dead letter (`dead_letters` has no retention).
+//!
 //! librdkafka commits a revoked partition's stored offsets during the rebalance only when
 //! auto-commit is enabled (librdkafka#1647), and refuses to store offsets for partitions no
 //! longer assigned (librdkafka#3774): both are why auto-commit stays on with manual storing.
@@ -424,6 +434,39 @@ struct Batch {
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
+    /// What has committed: everything once [`write_isolating`] returned `Ok`; the parts an
+    /// isolation committed before an error not about the data interrupted it, which are not
+    /// written (or counted) again when the rest is retried.
+    committed: Committed,
+}
+
+/// The committed parts of a batch, counted from what PostgreSQL reported inserting.
+#[derive(Default)]
+struct Committed {
+    rows: Vec<Row>,
+    /// Rows inserted (`inserted` of each transaction).
+    inserted: u64,
+    /// Rows that were already stored (redelivered records).
+    duplicates: u64,
+    /// Dead letters these transactions stored.
+    letters: Vec<DeadLetter>,
+    /// Dead letters that were already stored (a redelivery), so not counted again.
+    letters_already_stored: u64,
+}
+
+impl Committed {
+    fn add(&mut self, part: Part, written: writer::Written) {
+        self.inserted += written.inserted;
+        self.duplicates += written.duplicates;
+        self.rows.extend(part.rows);
+        for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
+            if stored {
+                self.letters.push(letter);
+            } else {
+                self.letters_already_stored += 1;
+            }
+        }
+    }
 }
 
 impl Batch {
@@ -605,23 +648,32 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
         batch.set_aside_outside(&window(config));
         let started = Instant::now();
         match write_isolating(writer, &mut batch).await {
-            Ok(written) => {
+            Ok(()) => {
                 database_ok.store(true, Ordering::Relaxed);
+                let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
-                metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
-                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
+                metrics::counter!(telemetry::PERSIST_ROWS).increment(committed.inserted);
+                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(committed.duplicates);
                 let committed_ms = chrono::Utc::now().timestamp_millis();
                 let row_latency = metrics::histogram!(telemetry::PERSIST_ROW_LATENCY);
-                for row in &batch.rows {
+                for row in &committed.rows {
                     row_latency.record((committed_ms - row.ingest_time.timestamp_millis()).max(0) as f64 / 1000.0);
                 }
-                for letter in &batch.dead {
-                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => letter.reason).increment(1);
+                // Counted from what was inserted: a redelivered dead letter is not counted again.
+                let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+                for letter in &committed.letters {
+                    *by_reason.entry(letter.reason).or_default() += 1;
                     warn!(
                         topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
                         reason = letter.reason, "message kept in dead_letters"
                     );
+                }
+                for (reason, letters) in by_reason {
+                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
+                }
+                if committed.letters_already_stored > 0 {
+                    debug!(letters = committed.letters_already_stored, "dead letters already stored (redelivered)");
                 }
                 for (letter, error) in &batch.lost {
                     metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected")
@@ -632,7 +684,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                         "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
                     );
                 }
-                lag.persisted(&batch.rows);
+                lag.persisted(&committed.rows);
                 lag.stored(&batch.next_offsets);
                 store_offsets(consumer, &batch.next_offsets);
                 return true;
@@ -677,15 +729,20 @@ fn window(config: &Config) -> row::Window {
 /// with an ASCII-only error text and then counted as lost. k bad messages in n cost about
 /// 2·k·log2(n) transactions. Each part commits on its own; that is safe because the batch's
 /// offsets are stored only when every part has committed, and writing a part again adds nothing.
-/// Any other error returns at once with the whole batch back in place, for the caller to retry.
-async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<writer::Written, PersistError> {
+/// What commits moves to `batch.committed`. Any other error returns at once with what has not
+/// committed back in `batch.rows` and `batch.dead`, for the caller to retry: the committed parts
+/// are neither written nor counted twice.
+async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<(), PersistError> {
     let whole = match writer.write(&batch.rows, &batch.dead).await {
+        Ok(written) => {
+            let part = Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) };
+            batch.committed.add(part, written);
+            return Ok(());
+        }
         Err(error) if error.is_rejected_data() => error,
-        other => return other,
+        Err(error) => return Err(error),
     };
     warn!(error = %whole, records = batch.len(), "postgres refuses something in this batch; splitting it to find what");
-    let mut total = writer::Written::default();
-    let mut stored = Part::default();
     let mut pending = vec![(
         Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) },
         Some(whole.to_string()),
@@ -695,21 +752,17 @@ async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<write
             Some(error) => error,
             None => match writer.write(&part.rows, &part.dead).await {
                 Ok(written) => {
-                    total.inserted += written.inserted;
-                    total.duplicates += written.duplicates;
-                    total.dead_letters += written.dead_letters;
-                    stored.append(part);
+                    batch.committed.add(part, written);
                     continue;
                 }
                 Err(error) if error.is_rejected_data() => error.to_string(),
                 Err(error) => {
-                    // Not about the data: everything goes back, the caller retries the batch.
+                    // Not about the data: what has not committed goes back, the caller retries it.
                     for (rest, _) in pending {
                         part.append(rest);
                     }
-                    stored.append(part);
-                    batch.rows = stored.rows;
-                    batch.dead = stored.dead;
+                    batch.rows = part.rows;
+                    batch.dead = part.dead;
                     return Err(error);
                 }
             },
@@ -732,9 +785,7 @@ async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<write
             }
         }
     }
-    batch.rows = stored.rows;
-    batch.dead = stored.dead;
-    Ok(total)
+    Ok(())
 }
 
 /// Rows and dead letters written in one transaction while a refused batch is isolated.
