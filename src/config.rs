@@ -602,8 +602,9 @@ pub struct PersistConfig {
     /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
     /// default): only when `admin_listen` is a loopback address.
     pub admin_config_endpoint: Option<bool>,
-    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails) and commit
-    /// their offsets; what is not written by then is re-read by the next owner. Default `20s`.
+    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails); what is
+    /// not written by then is re-read by the next owner. The final offset commit and the
+    /// consumer's close then get up to 5 s more (`persist::CLOSE_TIMEOUT`). Default `20s`.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Kafka consumer group. Default `"sluice-persist"`.

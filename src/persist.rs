@@ -4,7 +4,8 @@
 //! handling. Offsets are *stored* (`enable.auto.offset.store=false`) only after the batch's
 //! transaction has committed; librdkafka commits stored offsets periodically, on rebalance
 //! (for revoked partitions) and when the consumer closes, and `run` commits synchronously at the
-//! end of a drain. A crash therefore redelivers at most the batches since the last commit, and
+//! end of a drain — commit and close bounded by [`CLOSE_TIMEOUT`], logging the stored offsets
+//! it could not commit, so a broker that does not answer cannot hold the exit. A crash therefore redelivers at most the batches since the last commit, and
 //! the primary key (record id, ingest time) with `ON CONFLICT DO NOTHING` makes that redelivery
 //! add no rows: exactly one row per record.
 //!
@@ -76,6 +77,13 @@ const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 const DATABASE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest wait between retries of a failed batch.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long the final offset commit and the consumer's close may take together at the end of a
+/// drain. With a broker that answers both take milliseconds; one that does not (a partition, a
+/// frozen host) would hold them for `socket.timeout.ms` (60 s) and more, past any grace period.
+/// What is not committed is re-read by the next owner and skipped by the unique key, so waiting
+/// longer buys nothing but duplicates avoided. 5 s keeps the default drain (20 s) plus this inside
+/// the chart's 30 s `terminationGracePeriodSeconds`.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What stops the persister.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +177,12 @@ impl LagClock {
         for ((_, partition), next) in next_offsets {
             stored.insert(*partition, *next);
         }
+    }
+
+    /// The next offsets stored, as `partition=offset` pairs, for a log line.
+    fn describe_stored(&self) -> String {
+        let stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        stored.iter().map(|(partition, next)| format!("{partition}={next}")).collect::<Vec<_>>().join(",")
     }
 
     fn next_offset(&self, partition: i32) -> Option<i64> {
@@ -341,19 +355,36 @@ pub async fn run(
         // The lag task holds the consumer too: stop it first so the consumer closes below.
         lag_stop.cancel();
         tasks.join(lag_task).await;
+        // The final commit and the close share one deadline: a broker that does not answer
+        // would otherwise hold them (and the exit) for as long as it stays away. A call still
+        // running at the deadline is left on its blocking thread (main bounds those too).
+        let closed_by = Instant::now() + CLOSE_TIMEOUT;
         let committer = consumer.clone();
-        match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
-            Ok(Ok(())) | Ok(Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset))) => {}
-            Ok(Err(error)) => {
+        let commit = tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync));
+        match tokio::time::timeout_at(closed_by, commit).await {
+            Ok(Ok(Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset)))) => {}
+            Ok(Ok(Err(error))) => {
                 metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
-                warn!(%error, "final offset commit failed; the next owner re-reads (no duplicate rows)");
+                warn!(%error, stored = %lag.describe_stored(),
+                    "final offset commit failed; offsets stored since the last commit are not committed: the next owner re-reads from it (no duplicate rows)");
             }
-            Err(error) => tasks.fail("final commit", &error.to_string()),
+            Ok(Err(error)) => tasks.fail("final commit", &error.to_string()),
+            Err(_) => {
+                metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
+                warn!(timeout_ms = CLOSE_TIMEOUT.as_millis() as u64, stored = %lag.describe_stored(),
+                    "final offset commit did not finish in time; offsets stored since the last commit are not committed: the next owner re-reads from it (no duplicate rows)");
+            }
         }
         // Closing the consumer leaves the group at once, so its partitions move without waiting
-        // for the session timeout. It may block briefly: do it off the runtime's workers.
-        if let Err(error) = tokio::task::spawn_blocking(move || drop(consumer)).await {
-            tasks.fail("consumer close", &error.to_string());
+        // for the session timeout. It may block: do it off the runtime's workers, until the same
+        // deadline.
+        match tokio::time::timeout_at(closed_by, tokio::task::spawn_blocking(move || drop(consumer))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tasks.fail("consumer close", &error.to_string()),
+            Err(_) => warn!(
+                timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
+                "the kafka consumer did not close in time; its partitions move when the group's session times out"
+            ),
         }
         tasks.join(maintenance).await;
         services.push(probe); // stops with `background`
@@ -854,7 +885,12 @@ const LAG_INTERVAL: Duration = Duration::from_secs(5);
 async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock>, stop: CancellationToken) {
     loop {
         let (client, clock) = (consumer.clone(), lag.clone());
-        let measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)).await.unwrap_or_default();
+        // A measurement waits up to 2 s per request on a broker that does not answer: the drain
+        // does not wait for it (the blocking thread finishes it and lets its consumer go).
+        let measured = tokio::select! {
+            measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)) => measured.unwrap_or_default(),
+            _ = stop.cancelled() => break,
+        };
         lag.report(&measured);
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -263,3 +263,35 @@ async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() 
     assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 0.0);
     assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 2.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
+    let broker = PrivateBroker::start().await;
+    let topic = unique("persist");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut config = TestConfig::new(&services(), &topic);
+    // The batch in hand is written in the drain, after the broker stopped answering: its offset
+    // is stored but cannot be committed.
+    config.set("kafka", "brokers", broker.bootstrap.clone()).set("persist", "drain_timeout", "2s").set(
+        "persist",
+        "batch_max_wait",
+        "20s",
+    );
+    let mut persister = start_persister(&config).await;
+    produce(&broker.bootstrap, &topic, &[envelope("i-1", &now_rfc3339(), "{}")]).await;
+    eventually("the message consumed", || async {
+        (scrape(config.persist_admin()).await.count("sluice_persist_records_consumed_total", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    broker.freeze();
+    persister.signal("TERM");
+    let started = std::time::Instant::now();
+    let status = persister.wait(Duration::from_secs(40)).await;
+    let took = started.elapsed();
+    let db = pg(&services(), &config.schema()).await;
+    assert_eq!(stored_ids(&db).await, vec!["i-1"], "the batch in hand was written in the drain");
+    // drain_timeout (2 s) + the final commit's and close's bound + the runtime's shutdown bound.
+    assert!(took < Duration::from_secs(15), "shutdown took {took:?}; log:\n{}", persister.log_text());
+    assert!(status.success(), "{status:?}; log:\n{}", persister.log_text());
+    assert!(persister.log_text().contains("not committed"), "what was not committed is logged");
+}
