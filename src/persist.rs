@@ -465,6 +465,8 @@ struct Batch {
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
+    /// Bytes of the Kafka message values added (for `persist.batch_max_bytes`).
+    bytes: usize,
     /// What has committed: everything once [`write_isolating`] returned `Ok`; the parts an
     /// isolation committed before an error not about the data interrupted it, which are not
     /// written (or counted) again when the rest is retried.
@@ -521,8 +523,9 @@ impl Batch {
         }
     }
 
-    fn add(&mut self, parsed: Parsed, origin: &Origin) {
+    fn add(&mut self, parsed: Parsed, origin: &Origin, bytes: usize) {
         self.started.get_or_insert_with(Instant::now);
+        self.bytes += bytes;
         let next = self.next_offsets.entry((origin.topic.clone(), origin.partition)).or_insert(0);
         *next = (*next).max(origin.offset + 1);
         match parsed {
@@ -530,6 +533,30 @@ impl Batch {
             Parsed::Dead(letter) => self.dead.push(letter),
         }
     }
+}
+
+/// How big a batch may grow: `persist.batch_max_records` and `persist.batch_max_bytes`.
+#[derive(Debug, Clone, Copy)]
+struct BatchLimits {
+    records: usize,
+    /// Bytes of Kafka message values.
+    bytes: usize,
+}
+
+/// Adds a message of `bytes` to its lane's batch; returns the batches this closed, in order: the
+/// batch in hand, if the message would take it past the byte cap, then the batch holding the
+/// message, if it reached either cap. So a batch stays within the byte cap unless it is one
+/// message larger than the cap, which is written alone rather than held back.
+fn add_closing(batch: &mut Batch, parsed: Parsed, origin: &Origin, bytes: usize, limits: BatchLimits) -> Vec<Batch> {
+    let mut closed = Vec::new();
+    if batch.len() > 0 && batch.bytes.saturating_add(bytes) > limits.bytes {
+        closed.push(std::mem::take(batch));
+    }
+    batch.add(parsed, origin, bytes);
+    if batch.len() >= limits.records || batch.bytes >= limits.bytes {
+        closed.push(std::mem::take(batch));
+    }
+    closed
 }
 
 /// What the consume loop and the batch writer share for one run.
@@ -569,8 +596,8 @@ async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationTok
     }
 }
 
-/// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full or
-/// its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
+/// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full (by
+/// records or by bytes, see [`add_closing`]) or its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
 /// the consumer is not polled meanwhile.
 async fn read_batches(
     run: &Run<'_>,
@@ -582,9 +609,11 @@ async fn read_batches(
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
     'reading: loop {
-        let (max_records, max_wait) = {
+        let (limits, max_wait) = {
             let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-            (running.persist.batch_max_records, running.persist.batch_max_wait)
+            let persist = &running.persist;
+            let bytes = usize::try_from(persist.batch_max_bytes.as_u64()).unwrap_or(usize::MAX);
+            (BatchLimits { records: persist.batch_max_records, bytes }, persist.batch_max_wait)
         };
         let flush_at = batches.iter().filter_map(|batch| batch.started).min().map(|started| started + max_wait);
         let received = tokio::select! {
@@ -593,7 +622,7 @@ async fn read_batches(
             _ = sleep_until_opt(flush_at) => None,
             message = consumer.recv() => Some(message),
         };
-        let ready: Vec<usize> = match received {
+        let ready: Vec<(usize, Batch)> = match received {
             Some(Ok(message)) => {
                 consumed.increment(1);
                 let origin = Origin {
@@ -602,11 +631,12 @@ async fn read_batches(
                     offset: message.offset(),
                 };
                 let lane = lane_of(origin.partition, lanes.len());
-                batches[lane].add(row::parse(message.payload(), origin.clone()), &origin);
-                if batches[lane].len() < max_records {
-                    continue;
-                }
-                vec![lane]
+                let bytes = message.payload().map_or(0, <[u8]>::len);
+                let parsed = row::parse(message.payload(), origin.clone());
+                add_closing(&mut batches[lane], parsed, &origin, bytes, limits)
+                    .into_iter()
+                    .map(|batch| (lane, batch))
+                    .collect()
             }
             Some(Err(error)) => {
                 warn!(%error, "kafka consume error");
@@ -614,11 +644,15 @@ async fn read_batches(
             }
             None => {
                 let now = Instant::now();
-                (0..lanes.len()).filter(|lane| batches[*lane].started.is_some_and(|at| at + max_wait <= now)).collect()
+                batches
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(_, batch)| batch.started.is_some_and(|at| at + max_wait <= now))
+                    .map(|(lane, batch)| (lane, std::mem::take(batch)))
+                    .collect()
             }
         };
-        for lane in ready {
-            let batch = std::mem::take(&mut batches[lane]);
+        for (lane, batch) in ready {
             tokio::select! {
                 biased;
                 sent = lanes[lane].send(batch) => {
