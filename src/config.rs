@@ -602,14 +602,19 @@ pub struct PersistConfig {
     /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
     /// default): only when `admin_listen` is a loopback address.
     pub admin_config_endpoint: Option<bool>,
-    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails) and commit
-    /// their offsets; what is not written by then is re-read by the next owner. Default `20s`.
+    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails); what is
+    /// not written by then is re-read by the next owner. The final offset commit and the
+    /// consumer's close then get up to 5 s more (`persist::CLOSE_TIMEOUT`). Default `20s`.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Kafka consumer group. Default `"sluice-persist"`.
     pub group_id: String,
     /// A batch is written when it holds this many records... Default `5000`.
     pub batch_max_records: usize,
+    /// ...or this many bytes of Kafka message values (a batch is closed before a message that
+    /// would take it past this; one message larger than this is written alone)... Default
+    /// `16 MiB`.
+    pub batch_max_bytes: ByteSize,
     /// ...or when its first record has waited this long. Default `500ms`.
     #[serde(with = "humantime_serde")]
     pub batch_max_wait: Duration,
@@ -640,6 +645,7 @@ impl Default for PersistConfig {
             drain_timeout: Duration::from_secs(20),
             group_id: "sluice-persist".into(),
             batch_max_records: 5000,
+            batch_max_bytes: ByteSize::mib(16),
             batch_max_wait: Duration::from_millis(500),
             writers: 2,
             retention_days: 14,
@@ -1031,6 +1037,9 @@ impl Config {
         }
         if self.persist.batch_max_records == 0 || self.persist.batch_max_records > 100_000 {
             return Err(invalid("persist.batch_max_records", "must be between 1 and 100000".into()));
+        }
+        if self.persist.batch_max_bytes.as_u64() < 1024 || self.persist.batch_max_bytes.as_u64() > 1 << 30 {
+            return Err(invalid("persist.batch_max_bytes", "must be between 1 KiB and 1 GiB".into()));
         }
         if self.persist.batch_max_wait.is_zero() {
             return Err(invalid("persist.batch_max_wait", "must be greater than zero".into()));

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -18,6 +19,11 @@ use sluice::{agent, client, persist, telemetry};
 const EXIT_USAGE: u8 = 64;
 /// Exit code when a second signal cut the drain short (128 + SIGINT).
 const EXIT_FORCED: u8 = 130;
+/// How long `agent` and `persist` wait, once their role has returned, for blocking tasks still
+/// running: only calls the role stopped waiting for are left (the persister's final commit and
+/// consumer close are bounded by `persist::CLOSE_TIMEOUT`), so a short wait lets them finish when
+/// they can and never holds the exit.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Per-pod sidecar log shipper: socket -> Kafka -> PostgreSQL")]
@@ -300,30 +306,39 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
     };
     let log = telemetry::init_logging(&config.log);
     let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log });
-    let outcome = runtime().and_then(|rt| {
-        rt.block_on(async {
-            let metrics = telemetry::install_recorder(match role {
-                Role::Agent => "agent",
-                Role::Persist => "persist",
-            })?;
-            let shutdown = Shutdown::install().context("cannot install signal handlers")?;
-            let work = async {
-                match role {
-                    Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
-                        .await
-                        .map(|_| ())
-                        .map_err(anyhow::Error::from),
-                    Role::Persist => {
-                        persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
-                    }
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let metrics = telemetry::install_recorder(match role {
+            Role::Agent => "agent",
+            Role::Persist => "persist",
+        })?;
+        let shutdown = Shutdown::install().context("cannot install signal handlers")?;
+        let work = async {
+            match role {
+                Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from),
+                Role::Persist => {
+                    persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
                 }
-            };
-            tokio::select! {
-                result = work => result.map(|()| ExitCode::SUCCESS),
-                _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
             }
-        })
+        };
+        tokio::select! {
+            result = work => result.map(|()| ExitCode::SUCCESS),
+            _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
+        }
     });
+    // Dropping the runtime would wait for every blocking task, without end; one still running
+    // now is a call the role gave up on (a librdkafka commit or close to a broker that does not
+    // answer), whose result nobody reads.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     match outcome {
         Ok(code) => code,
         Err(error) => {

@@ -4,9 +4,20 @@
 //! handling. Offsets are *stored* (`enable.auto.offset.store=false`) only after the batch's
 //! transaction has committed; librdkafka commits stored offsets periodically, on rebalance
 //! (for revoked partitions) and when the consumer closes, and `run` commits synchronously at the
-//! end of a drain. A crash therefore redelivers at most the batches since the last commit, and
+//! end of a drain — commit and close bounded by [`CLOSE_TIMEOUT`], logging the stored offsets
+//! it could not commit, so a broker that does not answer cannot hold the exit. A crash therefore redelivers at most the batches since the last commit, and
 //! the primary key (record id, ingest time) with `ON CONFLICT DO NOTHING` makes that redelivery
 //! add no rows: exactly one row per record.
+//!
+//! Counting under redelivery: `sluice_persist_rows_written_total` and
+//! `sluice_persist_dead_letters_total` count what PostgreSQL reports inserting, so a redelivered
+//! row or dead letter counts once (as `sluice_persist_rows_duplicate_total`, or not at all); the
+//! parts an isolation committed before an error not about the data are not written again.
+//! `sluice_persist_records_lost_total` has nothing stored to compare with: a redelivered message
+//! PostgreSQL refuses again is counted again. The ingest-time window is applied at each delivery,
+//! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
+//! row stored before the crash (until retention drops that day's partition), or a row after an
+//! `ingest_time_in_future` dead letter (`dead_letters` has no retention).
 //!
 //! librdkafka commits a revoked partition's stored offsets during the rebalance only when
 //! auto-commit is enabled (librdkafka#1647), and refuses to store offsets for partitions no
@@ -66,6 +77,13 @@ const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 const DATABASE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest wait between retries of a failed batch.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long the final offset commit and the consumer's close may take together at the end of a
+/// drain. With a broker that answers both take milliseconds; one that does not (a partition, a
+/// frozen host) would hold them for `socket.timeout.ms` (60 s) and more, past any grace period.
+/// What is not committed is re-read by the next owner and skipped by the unique key, so waiting
+/// longer buys nothing but duplicates avoided. 5 s keeps the default drain (20 s) plus this inside
+/// the chart's 30 s `terminationGracePeriodSeconds`.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What stops the persister.
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +177,12 @@ impl LagClock {
         for ((_, partition), next) in next_offsets {
             stored.insert(*partition, *next);
         }
+    }
+
+    /// The next offsets stored, as `partition=offset` pairs, for a log line.
+    fn describe_stored(&self) -> String {
+        let stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        stored.iter().map(|(partition, next)| format!("{partition}={next}")).collect::<Vec<_>>().join(",")
     }
 
     fn next_offset(&self, partition: i32) -> Option<i64> {
@@ -331,19 +355,36 @@ pub async fn run(
         // The lag task holds the consumer too: stop it first so the consumer closes below.
         lag_stop.cancel();
         tasks.join(lag_task).await;
+        // The final commit and the close share one deadline: a broker that does not answer
+        // would otherwise hold them (and the exit) for as long as it stays away. A call still
+        // running at the deadline is left on its blocking thread (main bounds those too).
+        let closed_by = Instant::now() + CLOSE_TIMEOUT;
         let committer = consumer.clone();
-        match tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync)).await {
-            Ok(Ok(())) | Ok(Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset))) => {}
-            Ok(Err(error)) => {
+        let commit = tokio::task::spawn_blocking(move || committer.commit_consumer_state(CommitMode::Sync));
+        match tokio::time::timeout_at(closed_by, commit).await {
+            Ok(Ok(Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::NoOffset)))) => {}
+            Ok(Ok(Err(error))) => {
                 metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
-                warn!(%error, "final offset commit failed; the next owner re-reads (no duplicate rows)");
+                warn!(%error, stored = %lag.describe_stored(),
+                    "final offset commit failed; offsets stored since the last commit are not committed: the next owner re-reads from it (no duplicate rows)");
             }
-            Err(error) => tasks.fail("final commit", &error.to_string()),
+            Ok(Err(error)) => tasks.fail("final commit", &error.to_string()),
+            Err(_) => {
+                metrics::counter!(telemetry::PERSIST_COMMIT_ERRORS).increment(1);
+                warn!(timeout_ms = CLOSE_TIMEOUT.as_millis() as u64, stored = %lag.describe_stored(),
+                    "final offset commit did not finish in time; offsets stored since the last commit are not committed: the next owner re-reads from it (no duplicate rows)");
+            }
         }
         // Closing the consumer leaves the group at once, so its partitions move without waiting
-        // for the session timeout. It may block briefly: do it off the runtime's workers.
-        if let Err(error) = tokio::task::spawn_blocking(move || drop(consumer)).await {
-            tasks.fail("consumer close", &error.to_string());
+        // for the session timeout. It may block: do it off the runtime's workers, until the same
+        // deadline.
+        match tokio::time::timeout_at(closed_by, tokio::task::spawn_blocking(move || drop(consumer))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tasks.fail("consumer close", &error.to_string()),
+            Err(_) => warn!(
+                timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
+                "the kafka consumer did not close in time; its partitions move when the group's session times out"
+            ),
         }
         tasks.join(maintenance).await;
         services.push(probe); // stops with `background`
@@ -424,6 +465,41 @@ struct Batch {
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
+    /// Bytes of the Kafka message values added (for `persist.batch_max_bytes`).
+    bytes: usize,
+    /// What has committed: everything once [`write_isolating`] returned `Ok`; the parts an
+    /// isolation committed before an error not about the data interrupted it, which are not
+    /// written (or counted) again when the rest is retried.
+    committed: Committed,
+}
+
+/// The committed parts of a batch, counted from what PostgreSQL reported inserting.
+#[derive(Default)]
+struct Committed {
+    rows: Vec<Row>,
+    /// Rows inserted (`inserted` of each transaction).
+    inserted: u64,
+    /// Rows that were already stored (redelivered records).
+    duplicates: u64,
+    /// Dead letters these transactions stored.
+    letters: Vec<DeadLetter>,
+    /// Dead letters that were already stored (a redelivery), so not counted again.
+    letters_already_stored: u64,
+}
+
+impl Committed {
+    fn add(&mut self, part: Part, written: writer::Written) {
+        self.inserted += written.inserted;
+        self.duplicates += written.duplicates;
+        self.rows.extend(part.rows);
+        for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
+            if stored {
+                self.letters.push(letter);
+            } else {
+                self.letters_already_stored += 1;
+            }
+        }
+    }
 }
 
 impl Batch {
@@ -447,8 +523,9 @@ impl Batch {
         }
     }
 
-    fn add(&mut self, parsed: Parsed, origin: &Origin) {
+    fn add(&mut self, parsed: Parsed, origin: &Origin, bytes: usize) {
         self.started.get_or_insert_with(Instant::now);
+        self.bytes += bytes;
         let next = self.next_offsets.entry((origin.topic.clone(), origin.partition)).or_insert(0);
         *next = (*next).max(origin.offset + 1);
         match parsed {
@@ -456,6 +533,30 @@ impl Batch {
             Parsed::Dead(letter) => self.dead.push(letter),
         }
     }
+}
+
+/// How big a batch may grow: `persist.batch_max_records` and `persist.batch_max_bytes`.
+#[derive(Debug, Clone, Copy)]
+struct BatchLimits {
+    records: usize,
+    /// Bytes of Kafka message values.
+    bytes: usize,
+}
+
+/// Adds a message of `bytes` to its lane's batch; returns the batches this closed, in order: the
+/// batch in hand, if the message would take it past the byte cap, then the batch holding the
+/// message, if it reached either cap. So a batch stays within the byte cap unless it is one
+/// message larger than the cap, which is written alone rather than held back.
+fn add_closing(batch: &mut Batch, parsed: Parsed, origin: &Origin, bytes: usize, limits: BatchLimits) -> Vec<Batch> {
+    let mut closed = Vec::new();
+    if batch.len() > 0 && batch.bytes.saturating_add(bytes) > limits.bytes {
+        closed.push(std::mem::take(batch));
+    }
+    batch.add(parsed, origin, bytes);
+    if batch.len() >= limits.records || batch.bytes >= limits.bytes {
+        closed.push(std::mem::take(batch));
+    }
+    closed
 }
 
 /// What the consume loop and the batch writer share for one run.
@@ -495,8 +596,8 @@ async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationTok
     }
 }
 
-/// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full or
-/// its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
+/// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full (by
+/// records or by bytes, see [`add_closing`]) or its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
 /// the consumer is not polled meanwhile.
 async fn read_batches(
     run: &Run<'_>,
@@ -508,9 +609,11 @@ async fn read_batches(
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
     'reading: loop {
-        let (max_records, max_wait) = {
+        let (limits, max_wait) = {
             let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-            (running.persist.batch_max_records, running.persist.batch_max_wait)
+            let persist = &running.persist;
+            let bytes = usize::try_from(persist.batch_max_bytes.as_u64()).unwrap_or(usize::MAX);
+            (BatchLimits { records: persist.batch_max_records, bytes }, persist.batch_max_wait)
         };
         let flush_at = batches.iter().filter_map(|batch| batch.started).min().map(|started| started + max_wait);
         let received = tokio::select! {
@@ -519,7 +622,7 @@ async fn read_batches(
             _ = sleep_until_opt(flush_at) => None,
             message = consumer.recv() => Some(message),
         };
-        let ready: Vec<usize> = match received {
+        let ready: Vec<(usize, Batch)> = match received {
             Some(Ok(message)) => {
                 consumed.increment(1);
                 let origin = Origin {
@@ -528,11 +631,12 @@ async fn read_batches(
                     offset: message.offset(),
                 };
                 let lane = lane_of(origin.partition, lanes.len());
-                batches[lane].add(row::parse(message.payload(), origin.clone()), &origin);
-                if batches[lane].len() < max_records {
-                    continue;
-                }
-                vec![lane]
+                let bytes = message.payload().map_or(0, <[u8]>::len);
+                let parsed = row::parse(message.payload(), origin.clone());
+                add_closing(&mut batches[lane], parsed, &origin, bytes, limits)
+                    .into_iter()
+                    .map(|batch| (lane, batch))
+                    .collect()
             }
             Some(Err(error)) => {
                 warn!(%error, "kafka consume error");
@@ -540,11 +644,15 @@ async fn read_batches(
             }
             None => {
                 let now = Instant::now();
-                (0..lanes.len()).filter(|lane| batches[*lane].started.is_some_and(|at| at + max_wait <= now)).collect()
+                batches
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(_, batch)| batch.started.is_some_and(|at| at + max_wait <= now))
+                    .map(|(lane, batch)| (lane, std::mem::take(batch)))
+                    .collect()
             }
         };
-        for lane in ready {
-            let batch = std::mem::take(&mut batches[lane]);
+        for (lane, batch) in ready {
             tokio::select! {
                 biased;
                 sent = lanes[lane].send(batch) => {
@@ -605,23 +713,32 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
         batch.set_aside_outside(&window(config));
         let started = Instant::now();
         match write_isolating(writer, &mut batch).await {
-            Ok(written) => {
+            Ok(()) => {
                 database_ok.store(true, Ordering::Relaxed);
+                let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
-                metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
-                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
+                metrics::counter!(telemetry::PERSIST_ROWS).increment(committed.inserted);
+                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(committed.duplicates);
                 let committed_ms = chrono::Utc::now().timestamp_millis();
                 let row_latency = metrics::histogram!(telemetry::PERSIST_ROW_LATENCY);
-                for row in &batch.rows {
+                for row in &committed.rows {
                     row_latency.record((committed_ms - row.ingest_time.timestamp_millis()).max(0) as f64 / 1000.0);
                 }
-                for letter in &batch.dead {
-                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => letter.reason).increment(1);
+                // Counted from what was inserted: a redelivered dead letter is not counted again.
+                let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+                for letter in &committed.letters {
+                    *by_reason.entry(letter.reason).or_default() += 1;
                     warn!(
                         topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
                         reason = letter.reason, "message kept in dead_letters"
                     );
+                }
+                for (reason, letters) in by_reason {
+                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
+                }
+                if committed.letters_already_stored > 0 {
+                    debug!(letters = committed.letters_already_stored, "dead letters already stored (redelivered)");
                 }
                 for (letter, error) in &batch.lost {
                     metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected")
@@ -632,7 +749,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                         "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
                     );
                 }
-                lag.persisted(&batch.rows);
+                lag.persisted(&committed.rows);
                 lag.stored(&batch.next_offsets);
                 store_offsets(consumer, &batch.next_offsets);
                 return true;
@@ -677,15 +794,20 @@ fn window(config: &Config) -> row::Window {
 /// with an ASCII-only error text and then counted as lost. k bad messages in n cost about
 /// 2·k·log2(n) transactions. Each part commits on its own; that is safe because the batch's
 /// offsets are stored only when every part has committed, and writing a part again adds nothing.
-/// Any other error returns at once with the whole batch back in place, for the caller to retry.
-async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<writer::Written, PersistError> {
+/// What commits moves to `batch.committed`. Any other error returns at once with what has not
+/// committed back in `batch.rows` and `batch.dead`, for the caller to retry: the committed parts
+/// are neither written nor counted twice.
+async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<(), PersistError> {
     let whole = match writer.write(&batch.rows, &batch.dead).await {
+        Ok(written) => {
+            let part = Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) };
+            batch.committed.add(part, written);
+            return Ok(());
+        }
         Err(error) if error.is_rejected_data() => error,
-        other => return other,
+        Err(error) => return Err(error),
     };
     warn!(error = %whole, records = batch.len(), "postgres refuses something in this batch; splitting it to find what");
-    let mut total = writer::Written::default();
-    let mut stored = Part::default();
     let mut pending = vec![(
         Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) },
         Some(whole.to_string()),
@@ -695,21 +817,17 @@ async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<write
             Some(error) => error,
             None => match writer.write(&part.rows, &part.dead).await {
                 Ok(written) => {
-                    total.inserted += written.inserted;
-                    total.duplicates += written.duplicates;
-                    total.dead_letters += written.dead_letters;
-                    stored.append(part);
+                    batch.committed.add(part, written);
                     continue;
                 }
                 Err(error) if error.is_rejected_data() => error.to_string(),
                 Err(error) => {
-                    // Not about the data: everything goes back, the caller retries the batch.
+                    // Not about the data: what has not committed goes back, the caller retries it.
                     for (rest, _) in pending {
                         part.append(rest);
                     }
-                    stored.append(part);
-                    batch.rows = stored.rows;
-                    batch.dead = stored.dead;
+                    batch.rows = part.rows;
+                    batch.dead = part.dead;
                     return Err(error);
                 }
             },
@@ -732,9 +850,7 @@ async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<write
             }
         }
     }
-    batch.rows = stored.rows;
-    batch.dead = stored.dead;
-    Ok(total)
+    Ok(())
 }
 
 /// Rows and dead letters written in one transaction while a refused batch is isolated.
@@ -803,7 +919,12 @@ const LAG_INTERVAL: Duration = Duration::from_secs(5);
 async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock>, stop: CancellationToken) {
     loop {
         let (client, clock) = (consumer.clone(), lag.clone());
-        let measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)).await.unwrap_or_default();
+        // A measurement waits up to 2 s per request on a broker that does not answer: the drain
+        // does not wait for it (the blocking thread finishes it and lets its consumer go).
+        let measured = tokio::select! {
+            measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)) => measured.unwrap_or_default(),
+            _ = stop.cancelled() => break,
+        };
         lag.report(&measured);
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -48,7 +48,9 @@ impl Role {
                 "kafka.brokers",
                 "kafka.properties.",
             ],
-            Role::Persist => &["log.level", "persist.batch_max_records", "persist.batch_max_wait"],
+            Role::Persist => {
+                &["log.level", "persist.batch_max_records", "persist.batch_max_bytes", "persist.batch_max_wait"]
+            }
         }
     }
 }
@@ -88,6 +90,7 @@ pub fn plan(role: Role, running: &Config, new: &Config) -> Plan {
             }
             Role::Persist => {
                 effective.persist.batch_max_records = new.persist.batch_max_records;
+                effective.persist.batch_max_bytes = new.persist.batch_max_bytes;
                 effective.persist.batch_max_wait = new.persist.batch_max_wait;
             }
         }

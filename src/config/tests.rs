@@ -141,6 +141,7 @@ fn rejects_limits_that_cannot_work() {
     assert_eq!(invalid_key("[postgres]\nschema = \"Robert'); DROP TABLE logs;--\"\n"), "postgres.schema");
     assert_eq!(invalid_key("[agent]\nadmin_listen = \"localhost\"\n"), "agent.admin_listen");
     assert_eq!(invalid_key("[persist]\nbatch_max_records = 0\n"), "persist.batch_max_records");
+    assert_eq!(invalid_key("[persist]\nbatch_max_bytes = \"100 B\"\n"), "persist.batch_max_bytes");
 }
 
 #[test]

@@ -30,3 +30,41 @@ fn a_refused_part_splits_into_two_non_empty_halves_that_keep_every_message() {
         assert_eq!(together, all);
     }
 }
+
+fn parsed(n: i64) -> (Parsed, Origin) {
+    (Parsed::Row(Box::new(row(n))), Origin { topic: "t".into(), partition: 0, offset: n })
+}
+
+fn add(batch: &mut Batch, n: i64, bytes: usize, limits: BatchLimits) -> Vec<Vec<i64>> {
+    let (parsed, origin) = parsed(n);
+    let closed = add_closing(batch, parsed, &origin, bytes, limits);
+    closed.iter().map(|batch| batch.rows.iter().map(|row| row.origin.offset).collect()).collect()
+}
+
+#[test]
+fn a_batch_closes_on_bytes_before_the_message_that_would_pass_the_cap_and_a_larger_message_goes_alone() {
+    let limits = BatchLimits { records: 100, bytes: 100 };
+    let mut batch = Batch::default();
+    assert!(add(&mut batch, 0, 40, limits).is_empty());
+    assert!(add(&mut batch, 1, 40, limits).is_empty());
+    // 80 + 40 > 100: the batch in hand closes; the message starts the next one.
+    assert_eq!(add(&mut batch, 2, 40, limits), vec![vec![0, 1]]);
+    assert_eq!((batch.len(), batch.bytes), (1, 40));
+    // Reaching the cap exactly closes the batch with the message in it.
+    assert_eq!(add(&mut batch, 3, 60, limits), vec![vec![2, 3]]);
+    assert_eq!((batch.len(), batch.bytes, batch.started), (0, 0, None));
+    // A message larger than the cap is written alone, never held back...
+    assert_eq!(add(&mut batch, 4, 500, limits), vec![vec![4]]);
+    // ...also when a batch is in hand: that one closes first, in order.
+    assert!(add(&mut batch, 5, 10, limits).is_empty());
+    assert_eq!(add(&mut batch, 6, 500, limits), vec![vec![5], vec![6]]);
+    assert_eq!(batch.len(), 0);
+}
+
+#[test]
+fn a_batch_still_closes_on_records_below_the_byte_cap() {
+    let limits = BatchLimits { records: 2, bytes: 1 << 20 };
+    let mut batch = Batch::default();
+    assert!(add(&mut batch, 0, 10, limits).is_empty());
+    assert_eq!(add(&mut batch, 1, 10, limits), vec![vec![0, 1]]);
+}

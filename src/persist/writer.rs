@@ -52,14 +52,15 @@ const COLUMNS: &[(&str, Type)] = &[
 ];
 
 /// What one committed batch did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Written {
     /// Rows newly inserted.
     pub inserted: u64,
     /// Rows skipped because their record id was already stored.
     pub duplicates: u64,
-    /// Dead letters stored.
-    pub dead_letters: u64,
+    /// Per dead letter of the batch, in its order: true if this transaction stored it, false if
+    /// it was already stored (a redelivery: `ON CONFLICT DO NOTHING` skipped it).
+    pub dead_letters_stored: Vec<bool>,
 }
 
 /// `jsonb`'s binary form is a version byte (1) and the JSON text; `json`'s is the text.
@@ -276,7 +277,7 @@ impl Writer {
             written.duplicates = rows.len() as u64 - written.inserted;
         }
         for letter in dead {
-            written.dead_letters += transaction
+            let stored = transaction
                 .execute(
                     "INSERT INTO dead_letters (kafka_topic, kafka_partition, kafka_offset, reason, error, payload) \
                      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
@@ -291,6 +292,7 @@ impl Writer {
                 )
                 .await
                 .map_err(PersistError::Postgres)?;
+            written.dead_letters_stored.push(stored > 0);
         }
         transaction.commit().await.map_err(PersistError::Postgres)?;
         debug!(inserted = written.inserted, duplicates = written.duplicates, "batch committed");

@@ -191,3 +191,107 @@ async fn a_batch_with_several_rows_postgres_rejects_is_split_until_each_is_isola
     let metrics = scrape(config.persist_admin()).await;
     assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 4.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_dead_letter_already_stored_is_not_counted_again() {
+    let (config, first, db) = persister(|_| {}).await;
+    let now = now_rfc3339();
+    let messages = vec![envelope("g-1", &now, "{}"), b"not an envelope".to_vec()];
+    produce(&services().kafka, &topic(&config), &messages).await;
+    wait_until_caught_up(&config, 2).await;
+    drop(first);
+    // A persister of another group on the same schema reads the topic again from the start: a
+    // redelivery of both messages, as after a crash before the offset commit.
+    let mut again = TestConfig::new(&services(), &topic(&config));
+    again.set("postgres", "schema", config.schema());
+    let _again = start_persister(&again).await;
+    wait_until_caught_up(&again, 2).await;
+
+    assert_eq!(dead_letters(&db).await.len(), 1);
+    let metrics = scrape(again.persist_admin()).await;
+    assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 1.0);
+    assert_eq!(metrics.count("sluice_persist_rows_written_total", &[]), 0.0);
+    assert_eq!(
+        metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]),
+        0.0,
+        "the dead letter was already stored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() {
+    let (config, _persister, db) = persister(|config| {
+        config.set("persist", "batch_max_wait", "2s").set("persist", "batch_max_records", 200);
+    })
+    .await;
+    // Rows with m = boom are refused (isolation begins); the dead letter of offset 190 fails once
+    // with an error that is not about the data (the batch is retried) — after the isolation has
+    // committed the other rows and the dead letter of offset 17. A sequence is not rolled back.
+    eventually("logs and dead_letters exist", || async {
+        db.batch_execute(
+            "ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (record->>'m' IS DISTINCT FROM 'boom');
+             CREATE SEQUENCE fail_once;
+             CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.kafka_offset = 190 AND nextval('fail_once') = 1 THEN
+                 RAISE EXCEPTION 'a transient failure' USING ERRCODE = '40001';
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_once BEFORE INSERT ON dead_letters FOR EACH ROW EXECUTE FUNCTION fail_once();",
+        )
+        .await
+        .ok()
+    })
+    .await;
+    let now = now_rfc3339();
+    let messages: Vec<Vec<u8>> = (0..200)
+        .map(|n| {
+            let m = if [17, 190].contains(&n) { "boom" } else { "fine" };
+            envelope(&format!("h-{n}"), &now, &format!(r#"{{"m":"{m}","n":{n}}}"#))
+        })
+        .collect();
+    produce(&services().kafka, &topic(&config), &messages).await;
+
+    within(Duration::from_secs(120), "caught up", wait_until_caught_up(&config, 200)).await;
+    assert_eq!(stored_ids(&db).await.len(), 198);
+    let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
+    assert_eq!(offsets, vec![17, 190]);
+    let metrics = scrape(config.persist_admin()).await;
+    assert!(metrics.count("sluice_persist_write_errors_total", &[]) >= 1.0, "the transient error was retried");
+    assert_eq!(metrics.count("sluice_persist_rows_written_total", &[]), 198.0);
+    assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 0.0);
+    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
+    let broker = PrivateBroker::start().await;
+    let topic = unique("persist");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut config = TestConfig::new(&services(), &topic);
+    // The batch in hand is written in the drain, after the broker stopped answering: its offset
+    // is stored but cannot be committed.
+    config.set("kafka", "brokers", broker.bootstrap.clone()).set("persist", "drain_timeout", "2s").set(
+        "persist",
+        "batch_max_wait",
+        "20s",
+    );
+    let mut persister = start_persister(&config).await;
+    produce(&broker.bootstrap, &topic, &[envelope("i-1", &now_rfc3339(), "{}")]).await;
+    eventually("the message consumed", || async {
+        (scrape(config.persist_admin()).await.count("sluice_persist_records_consumed_total", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    broker.freeze();
+    persister.signal("TERM");
+    let started = std::time::Instant::now();
+    let status = persister.wait(Duration::from_secs(40)).await;
+    let took = started.elapsed();
+    let db = pg(&services(), &config.schema()).await;
+    assert_eq!(stored_ids(&db).await, vec!["i-1"], "the batch in hand was written in the drain");
+    // drain_timeout (2 s) + the final commit's and close's bound + the runtime's shutdown bound.
+    assert!(took < Duration::from_secs(15), "shutdown took {took:?}; log:\n{}", persister.log_text());
+    assert!(status.success(), "{status:?}; log:\n{}", persister.log_text());
+    assert!(persister.log_text().contains("not committed"), "what was not committed is logged");
+}

@@ -99,6 +99,14 @@ impl PrivateBroker {
         self.wait_ready().await;
     }
 
+    /// Freezes the broker (SIGSTOP): its connections stay open and nothing answers, as behind a
+    /// network partition. Dropping the broker still kills it.
+    pub fn freeze(&self) {
+        if let Some(process) = &self.process {
+            process.signal("STOP");
+        }
+    }
+
     /// Stops the broker (SIGTERM, then SIGKILL after 30 s).
     pub async fn stop(&mut self) {
         if let Some(mut process) = self.process.take() {
