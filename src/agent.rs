@@ -139,7 +139,8 @@ pub async fn run(
     let probe = probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone());
     services.push(tasks.service("probe", background.clone(), probe));
     let spooler_task = spool_writer.map(|writer| {
-        let task = spooler::run(buffer.clone(), writer, config.spool().fsync, stages.spooler.clone());
+        let task =
+            spooler::run(buffer.clone(), writer, config.spool().fsync, stages.spooler.clone(), stages.abandon.clone());
         tasks.service("spooler", stages.spooler.clone(), task.instrument(info_span!("spool")))
     });
     let ship_task = {
@@ -192,10 +193,18 @@ pub async fn run(
             }
         }
     }
-    // 3. The spool writer writes what the connections accepted, then seals its segment.
+    // 3. The spool writer writes what the connections accepted, then seals its segment. Waiting
+    //    for disk room (the shipper still frees it), it may take until the deadline; then what it
+    //    could not write is counted `drain_timeout`.
     stages.spooler.cancel();
     if let Some(task) = spooler_task {
-        tasks.join(task).await;
+        let spooled = tasks.join(task);
+        tokio::pin!(spooled);
+        if tokio::time::timeout_at(deadline, &mut spooled).await.is_err() {
+            warn!(buffer = buffer.describe(), "the spool writer is still waiting for disk room at the drain deadline");
+            stages.abandon();
+            spooled.await;
+        }
     }
     // 4. Ship until Kafka has every record or the deadline passes.
     if !buffer.wait_until_delivered(deadline).await {

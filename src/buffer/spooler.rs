@@ -28,8 +28,17 @@ const HOUSEKEEPING: Duration = Duration::from_millis(50);
 /// Wait before retrying after a disk error or while the spool is full under `block`.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// Runs until `stop` is cancelled and the intake is empty, then seals the active segment.
-pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: CancellationToken) {
+/// Runs until `stop` is cancelled and the intake is empty, then seals the active segment. A
+/// write waiting for disk room (or retrying a disk error) waits until `give_up` (the drain
+/// deadline), not `stop`: after `stop` the readers' last records still deserve the rest of the
+/// drain to be written; after `give_up` they are counted as `drain_timeout`.
+pub async fn run(
+    buffer: Buffer,
+    writer: SpoolWriter,
+    fsync: Fsync,
+    stop: CancellationToken,
+    give_up: CancellationToken,
+) {
     let mut task = Spooler { buffer, writer: Some(writer), fsync, errors: ErrorLog::default(), sync: None };
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut housekeeping = tokio::time::interval(match fsync {
@@ -46,7 +55,7 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
             synced = sync_done(&mut task.sync) => task.sync_ended(synced),
             _ = housekeeping.tick() => task.housekeeping().await,
             _ = task.buffer.pop_intake(WRITE_BATCH, &mut batch) => {
-                task.write(std::mem::take(&mut batch), &stop).await;
+                task.write(std::mem::take(&mut batch), &give_up).await;
             }
             _ = stop.cancelled() => break,
         }
@@ -57,7 +66,7 @@ pub async fn run(buffer: Buffer, writer: SpoolWriter, fsync: Fsync, stop: Cancel
         if batch.is_empty() {
             break;
         }
-        task.write(std::mem::take(&mut batch), &stop).await;
+        task.write(std::mem::take(&mut batch), &give_up).await;
     }
     // A sync still running finishes first: its acks are settled (or parked) by its own result.
     if task.sync.is_some() {

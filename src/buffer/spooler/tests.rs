@@ -201,6 +201,48 @@ async fn under_block_a_batch_larger_than_the_free_room_writes_the_oldest_that_fi
     assert_eq!(refused, 300 - written, "only the rest waited, then were given up at the deadline: {events:?}");
 }
 
+/// Found by the second cold review (issue 12): at the drain's third stage (the readers are done,
+/// the spool writer is told to stop) a write waiting for disk room under `block` gave up at
+/// once, counting the readers' last records `drain_timeout` with most of the drain still left
+/// and the shipper freeing room. It now waits until the deadline (`give_up`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_stop_a_write_waiting_for_disk_room_waits_for_the_deadline_not_the_stop() {
+    let s = setup_sized(Fsync::Never, WhenFull::Block, 4 * 1024);
+    let Setup { buffer, spooler, tracker, _dir } = s;
+    for i in 0..300 {
+        let payload = Bytes::from(format!("record {i:03} with some padding"));
+        buffer.push(payload, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await.expect("room");
+    }
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let give_up = CancellationToken::new();
+    let writing = tokio::spawn(run(buffer.clone(), spooler.writer.expect("writer"), spooler.fsync, stop, give_up));
+    // The shipper delivers what is spooled, freeing room as it goes.
+    let spool = buffer.spool().expect("spool").clone();
+    let delivered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut delivered = 0;
+        while !writing.is_finished() || buffer.poll_work(false).is_some() {
+            if buffer.poll_work(false) == Some(Work::Memory) {
+                let mut batch = Vec::new();
+                buffer.pop_batch(usize::MAX, &mut batch);
+                for record in batch {
+                    delivered += 1;
+                    buffer.settled(record.lease.bytes(), record.ingest_ms);
+                    let _ = spool.done(record.pos.expect("spooled"));
+                }
+                spool.delete_done();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        delivered
+    })
+    .await
+    .expect("the writer finishes once everything fitted");
+    assert_eq!(delivered, 300, "every record was written, none given up");
+    let events = tracker.take_events();
+    assert!(events.iter().all(|event| matches!(event, AckEvent::Upto(_))), "no refusal: {events:?}");
+}
+
 #[tokio::test]
 async fn a_full_disk_under_drop_newest_refuses_the_records_that_did_not_fit() {
     let mut s = setup(Fsync::Never, WhenFull::DropNewest);
@@ -222,7 +264,7 @@ async fn a_failed_close_does_not_acknowledge_what_it_did_not_sync() {
     let stop = CancellationToken::new();
     stop.cancel();
     let Setup { buffer, spooler, tracker, _dir } = s;
-    run(buffer.clone(), spooler.writer.expect("writer"), spooler.fsync, stop).await;
+    run(buffer.clone(), spooler.writer.expect("writer"), spooler.fsync, stop.clone(), stop).await;
     assert_eq!(tracker.take_events(), vec![], "close could not sync: no ACK");
 }
 
@@ -272,7 +314,7 @@ async fn after_a_full_spool_under_block_the_backlog_still_moves_while_writers_wa
     .expect("valid");
     let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
     let stop = CancellationToken::new();
-    let spooler = tokio::spawn(run(buffer.clone(), writer, Fsync::Never, stop.clone()));
+    let spooler = tokio::spawn(run(buffer.clone(), writer, Fsync::Never, stop.clone(), stop.clone()));
     // Kafka down: what the memory lane takes stays in flight.
     let mut in_flight: Vec<Record> = Vec::new();
     let mut admission = Admission::default();
@@ -379,7 +421,13 @@ async fn interval_syncs_keep_settling_acks_under_steady_load() {
     };
     let buffer = Buffer::with_spool(&config, spool.clone(), writer.end());
     let stop = CancellationToken::new();
-    let spooler = tokio::spawn(run(buffer.clone(), writer, Fsync::Interval(Duration::from_millis(10)), stop.clone()));
+    let spooler = tokio::spawn(run(
+        buffer.clone(),
+        writer,
+        Fsync::Interval(Duration::from_millis(10)),
+        stop.clone(),
+        stop.clone(),
+    ));
     let tracker = AckTracker::new(AckPoint::Spooled);
     let load = CancellationToken::new();
     let pusher = tokio::spawn({
