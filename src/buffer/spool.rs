@@ -591,6 +591,26 @@ impl Spool {
     }
 
     /// Copies a damaged segment into quarantine (the reader found damage after start-up).
+    /// Moves an unreadable sealed segment's file to the quarantine directory (a copy would need
+    /// to read it). Its records held in memory still deliver; the ledger forgets the file once
+    /// they are finished.
+    fn quarantine_move(&self, segment: u64) -> Option<PathBuf> {
+        // The segment being written stays: the writer still appends to it.
+        if !self.lock().segments.get(&segment).is_some_and(|state| state.sealed) {
+            return None;
+        }
+        let source = segment_path(&self.config.dir, segment);
+        let target = self.quarantine.join(format!("{segment:020}.seg.{}", quarantine_suffix()));
+        std::fs::create_dir_all(&self.quarantine).ok()?;
+        match std::fs::rename(&source, &target) {
+            Ok(()) => Some(target),
+            Err(error) => {
+                warn!(%error, segment, "cannot move an unreadable spool segment to the quarantine");
+                None
+            }
+        }
+    }
+
     fn quarantine_copy(&self, segment: u64) -> Option<PathBuf> {
         let source = segment_path(&self.config.dir, segment);
         let target = self.quarantine.join(format!("{segment:020}.seg.{}", quarantine_suffix()));
@@ -1005,14 +1025,20 @@ pub struct SpoolReader {
     spool: Arc<Spool>,
     file: Option<(u64, BufReader<File>, u64)>,
     body: Vec<u8>,
-    /// Reads in a row that failed with an I/O error at one position.
-    failures: Option<(SpoolPos, u32)>,
+    /// Reads in a row that failed with an I/O error at one position, and when the first did.
+    failures: Option<(SpoolPos, u32, std::time::Instant)>,
 }
 
-/// Reads in a row that may fail at one position before the rest of its segment is given up as
-/// lost (counted `corrupt`): a disk that keeps failing there would otherwise stop the backlog,
-/// and the spool, for ever.
+/// A read that keeps failing at one position — at least this many times, over at least
+/// [`READ_FAILURE_GRACE`] — gives up the rest of its segment (its file moved to `quarantine/`,
+/// its disk-only records counted `corrupt`): a disk that keeps failing there would otherwise stop
+/// the backlog, and once the spool is full the writers, for ever. Errors about the process's
+/// resources (`EMFILE`, `ENFILE`, `ENOMEM`) say nothing about the data and never count.
 pub const MAX_READ_FAILURES: u32 = 3;
+
+/// See [`MAX_READ_FAILURES`]: a disk hiccup (a network volume reconnecting) outlasts a few
+/// retries a second apart, and must not cost intact records.
+pub const READ_FAILURE_GRACE: Duration = if cfg!(test) { Duration::ZERO } else { Duration::from_secs(60) };
 
 impl SpoolReader {
     /// Reads the disk-only records from `from` while their position is below `upto`, stopping
@@ -1109,23 +1135,30 @@ impl SpoolReader {
                         // back on the next read, which starts here.
                         break;
                     }
-                    let failures = match self.failures {
-                        Some((at, failures)) if at == pos => failures + 1,
-                        _ => 1,
+                    // ENFILE, EMFILE, ENOMEM: the process's resources, not the data.
+                    if matches!(error.raw_os_error(), Some(23 | 24 | 12)) {
+                        return Err(error);
+                    }
+                    let (failures, since) = match self.failures {
+                        Some((at, failures, since)) if at == pos => (failures + 1, since),
+                        _ => (1, std::time::Instant::now()),
                     };
-                    if failures < MAX_READ_FAILURES {
-                        self.failures = Some((pos, failures));
+                    if failures < MAX_READ_FAILURES || since.elapsed() < READ_FAILURE_GRACE {
+                        self.failures = Some((pos, failures, since));
                         return Err(error);
                     }
                     self.failures = None;
+                    let quarantined = self.spool.quarantine_move(pos.segment);
+                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
                     error!(
                         %error,
                         segment = pos.segment,
                         offset = pos.offset,
                         failures,
-                        "the spool cannot read this segment; the rest of it is given up"
+                        lost,
+                        quarantined = ?quarantined,
+                        "the spool cannot read this segment; the rest of it is given up and its disk-only records counted as lost"
                     );
-                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
                     batch.corrupt_regions += 1;
                     batch.corrupt_records += lost;
                     batch.corrupt_bytes += skipped_bytes;

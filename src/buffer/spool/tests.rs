@@ -397,6 +397,8 @@ fn a_segment_that_keeps_failing_to_read_is_given_up_and_counted_after_a_few_trie
     assert_eq!(batch.corrupt_records, in_first as u64, "the unreadable segment's records are counted");
     assert_eq!(batch.records.len(), 40 - in_first, "the rest is read");
     assert_eq!(spool.undelivered(), 40 - in_first as u64);
+    let quarantined = std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").count();
+    assert_eq!(quarantined, 1, "the unreadable segment is kept in the quarantine, not deleted");
 }
 
 /// Found with the one above: records read before an I/O error in the same read were marked held

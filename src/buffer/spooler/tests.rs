@@ -458,18 +458,26 @@ async fn interval_syncs_keep_settling_acks_under_steady_load() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut acked = 0;
-    for event in tracker.take_events() {
-        if let AckEvent::Upto(n) = event {
-            acked = n;
+    let acked_upto = || {
+        let mut acked = None;
+        for event in tracker.take_events() {
+            if let AckEvent::Upto(n) = event {
+                acked = Some(n);
+            }
         }
-    }
+        acked
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = acked_upto().unwrap_or(0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = acked_upto().unwrap_or(first);
     let issued = tracker.issued();
     load.cancel();
     let _ = pusher.await;
     let _ = drainer.await;
     stop.cancel();
     let _ = spooler.await;
-    assert!(issued > 1000 && acked * 2 > issued, "acknowledged {acked} of {issued} records under load");
+    // How many depends on the disk's fsync time; that they keep coming under load does not.
+    assert!(issued > 1000, "the load ran: {issued} records");
+    assert!(first > 0 && second > first, "acknowledged {first}, then {second}, of {issued} records under load");
 }
