@@ -522,8 +522,17 @@ impl Shipper {
             self.buffer.notify_settled();
         }
         let mut records = batch.records.into_iter();
+        // Nothing taken from the lease yet: a record that does not fit it now never will.
+        let mut untouched = true;
         while let Some(record) = records.next() {
             let cost = self.buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
+            if untouched && cost > lease.bytes() {
+                // Spooled under an earlier config with a larger `max_record_size`: larger than
+                // any lease (and than `message.max.bytes`, set from the same limit). Put back, it
+                // would come first in every read, for ever; it is given up and counted instead.
+                self.too_large_for_this_config(record.pos, cost);
+                continue;
+            }
             let Some(lease) = self.buffer.split_lease(&mut lease, cost) else {
                 // The chunk was sized for the payload budget; a record that does not fit goes
                 // back to the backlog with the rest (read again next time).
@@ -537,6 +546,7 @@ impl Shipper {
                 }
                 break;
             };
+            untouched = false;
             let record = Record {
                 payload: record.payload,
                 key: record.key,
@@ -549,6 +559,27 @@ impl Shipper {
             self.send(record, stop).await;
         }
         reader
+    }
+
+    /// A spooled record larger than the current config lets any record be: finished in the
+    /// spool and counted as librdkafka would refuse it (`message_size_too_large`).
+    fn too_large_for_this_config(&self, pos: SpoolPos, cost: usize) {
+        error!(
+            segment = pos.segment,
+            index = pos.index,
+            cost,
+            "a spooled record is larger than max_record_size now allows; given up and counted"
+        );
+        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "message_size_too_large").increment(1);
+        if let Some(spool) = self.buffer.spool() {
+            // The spool writer's housekeeping deletes the segment once it is done (file I/O is
+            // not for a runtime worker).
+            let (_, parked) = spool.done(pos);
+            if let Some(ack) = parked {
+                ack.refused("message_size_too_large");
+            }
+        }
+        self.buffer.notify_settled();
     }
 
     async fn send(&self, record: Record, stop: &CancellationToken) {

@@ -194,4 +194,58 @@ mod mock {
         stop.cancel();
         task.await.expect("shipper");
     }
+
+    /// Found by the second cold review (issue 12): a record spooled under an earlier config with
+    /// a larger `max_record_size` did not fit any backlog lease; put back, it came first in every
+    /// read, for ever, and the spool never drained. It is now given up and counted
+    /// (`message_size_too_large`, what librdkafka would say), and what follows it is delivered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spooled_record_larger_than_the_config_now_allows_is_given_up_not_read_for_ever() {
+        use crate::buffer::spool::{Entry, Fsync, Spool, SpoolConfig};
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("logs", 1, 1).expect("topic");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spool_config = SpoolConfig {
+            dir: dir.path().to_path_buf(),
+            max_bytes: 64 * 1024 * 1024,
+            segment_bytes: 1024 * 1024,
+            fsync: Fsync::Never,
+            max_body: 1024 * 1024,
+        };
+        // Spooled under the old config (records up to 1 MiB): a 300 KiB record, then a small one.
+        let big = vec![b'x'; 300 * 1024];
+        {
+            let (_, mut writer, _) = Spool::open(spool_config.clone()).expect("spool");
+            let appended = writer.append(&[
+                Entry { ingest_ms: 1_000, key: None, payload: &big },
+                Entry { ingest_ms: 1_001, key: None, payload: b"small after" },
+            ]);
+            assert!(appended.error.is_none());
+            writer.close().expect("close");
+        }
+        // Restarted with records up to 16 KiB.
+        let config = mock_config(
+            &cluster.bootstrap_servers(),
+            "[buffer]\ntype = \"disk\"\nmax_bytes = \"1 MiB\"\n[ingest.listeners.default]\nmax_record_size = \"16 KiB\"\n",
+        );
+        let (spool, writer, _) = Spool::open(spool_config).expect("spool");
+        assert_eq!(spool.undelivered(), 2);
+        let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone()).expect("producer"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (shipper, stop) = (shipper.clone(), stop.clone());
+            async move { shipper.run(stop).await }
+        });
+        let drained = tokio::time::timeout(Duration::from_secs(20), async {
+            while spool.undelivered() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(drained.is_ok(), "the spool drains: {} records still owed", spool.undelivered());
+        assert_eq!(buffer.held_records(), 0);
+        stop.cancel();
+        task.await.expect("shipper");
+    }
 }
