@@ -338,7 +338,7 @@ impl Listener {
             tracker.spawn(forget_idle_buckets(context.clone(), stop.clone()));
         }
         match socket {
-            Socket::Datagram(socket) => datagram::serve(socket, context.clone(), ingest, stop).await,
+            Socket::Datagram(socket) => datagram::serve(socket, &path, context.clone(), ingest, stop).await,
             Socket::Stream(listener) => accept(listener, context.clone(), ingest, tracker, stop).await,
         }
         if let Err(error) = std::fs::remove_file(&path) {

@@ -17,17 +17,20 @@ use std::time::Duration;
 
 use tokio::net::UnixDatagram;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::limit::LimitKey;
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
 use crate::telemetry::Rejected;
 
-/// Receives datagrams until `stop`, then takes what is already queued (until the agent stops
-/// reading, at half the drain timeout) and returns.
+/// Receives datagrams until `stop`, then removes the socket's path (a writer's next `sendto`
+/// fails instead of queueing where nobody will read) and takes what is already queued, until the
+/// agent stops reading (half the drain timeout). What is still queued then is counted as
+/// `drain_timeout`, up to [`MAX_COUNTED_AFTER_STOP`] datagrams.
 pub async fn serve(
     socket: UnixDatagram,
+    path: &std::path::Path,
     listener: Arc<ListenerContext>,
     ingest: Arc<IngestContext>,
     stop: CancellationToken,
@@ -56,9 +59,13 @@ pub async fn serve(
             }
         }
     }
+    // New writers find no socket; one that connected before can still send (a connected
+    // datagram socket does not need the path).
+    if let Err(error) = std::fs::remove_file(path) {
+        debug!(%error, "could not remove the datagram socket's path");
+    }
     // What writers already sent is in the kernel's queue: take it before closing, until the
     // agent says to stop reading (writers that keep sending would keep this going for ever).
-    // What is still queued then was never read: the socket is closed with it.
     while !ingest.stop_reading.is_cancelled() {
         match socket.try_recv(&mut buf) {
             Ok(len) => take(&mut sink, &buf, len, max).await,
@@ -69,8 +76,27 @@ pub async fn serve(
             }
         }
     }
+    // Still queued: received (the writers' sends succeeded) but not taken in. Counted, so the
+    // loss is not silent; bounded, as a connected writer may keep sending.
+    let mut counted = 0;
+    while counted < MAX_COUNTED_AFTER_STOP {
+        match socket.try_recv(&mut buf) {
+            Ok(0) => {}
+            Ok(_) => {
+                sink.give_up();
+                counted += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    if counted > 0 {
+        warn!(listener = %listener.name, datagrams = counted, "datagrams still queued when reading stopped are counted as drain_timeout");
+    }
     sink.flush_counters();
 }
+
+/// Datagrams still queued when reading stops that are counted before the socket closes.
+pub const MAX_COUNTED_AFTER_STOP: usize = 100_000;
 
 async fn take(sink: &mut RecordSink<'_>, buf: &[u8], len: usize, max: usize) {
     match len {

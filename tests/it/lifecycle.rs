@@ -230,8 +230,14 @@ async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
         (before == after && after > 0).then_some(after)
     })
     .await as u64;
-    // Datagrams still queued when the socket closed were never read, so never accepted.
-    assert!(rows + lost + abandoned <= sent, "rows {rows} + lost {lost} + abandoned {abandoned} <= sent {sent}");
+    // Datagrams still queued when reading stopped are counted too (`drain_timeout`); the path is
+    // gone by then, so the writer's next send fails. One send blocked on the full queue before
+    // that may land after the count.
+    let counted = rows + lost + abandoned;
+    assert!(
+        counted <= sent && sent - counted <= 1,
+        "sent {sent} = rows {rows} + lost {lost} + abandoned {abandoned} (+ at most one)"
+    );
     assert!(rows > 0);
 }
 
