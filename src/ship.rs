@@ -654,7 +654,7 @@ impl Shipper {
     }
 
     /// The end of the drain: lets the producer deliver for up to `timeout`, then purges what it
-    /// still holds and waits for every delivery report ([`retire`]). After this no report can
+    /// still holds and waits for every delivery report (`retire`). After this no report can
     /// come, so the final count of what is undelivered stays true (a late success would make a
     /// record both delivered and counted lost). Call it once the shipper's task has stopped.
     pub async fn close(&self, timeout: Duration) {

@@ -446,7 +446,7 @@ impl Spool {
     }
 
     /// Records held in memory whose segment `drop_oldest` deleted, not yet delivered or
-    /// evicted: no segment owes them, so at shutdown they are lost (see [`State::orphaned`]).
+    /// evicted: no segment owes them, so at shutdown they are lost (see `State::orphaned`).
     pub fn orphaned(&self) -> u64 {
         self.lock().orphaned.len() as u64
     }
