@@ -312,6 +312,14 @@ impl Spool {
         self.config.max_bytes
     }
 
+    /// Disk that `frames` bytes of frames take at most when appended now: the frames, plus a
+    /// header for each segment they may open (one per `segment_bytes` they span, and one more
+    /// for a roll on the way).
+    pub fn disk_for(&self, frames: u64) -> u64 {
+        let rolls = frames / self.config.segment_bytes.max(1) + 2;
+        frames + rolls * HEADER.len() as u64
+    }
+
     /// Bytes of all segment files.
     pub fn disk_bytes(&self) -> u64 {
         self.lock().disk_bytes

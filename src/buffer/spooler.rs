@@ -162,8 +162,9 @@ impl Spooler {
     async fn write(&mut self, mut records: Vec<Record>, stop: &CancellationToken) {
         crate::lifecycle::fail_point("spool");
         while !records.is_empty() {
-            let need: u64 =
+            let frame_bytes: u64 =
                 records.iter().map(|r| super::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
+            let need = self.spool().disk_for(frame_bytes);
             let Some(fitting) = self.make_room(need, &mut records, stop).await else {
                 return;
             };
@@ -273,16 +274,16 @@ impl Spooler {
     /// How many of `records`, oldest first, fit in the spool's free room now.
     fn fitting_prefix(&self, records: &[Record]) -> usize {
         let spool = self.buffer.spool().expect("spool");
-        let mut room = spool.max_bytes().saturating_sub(spool.disk_bytes());
-        // A segment roll on the way adds a header.
-        room = room.saturating_sub(super::segment::HEADER.len() as u64 * 2);
+        let room = spool.max_bytes().saturating_sub(spool.disk_bytes());
+        // Frames plus the headers of the segments they open (`disk_for`) must fit.
+        let mut frames = 0;
         let mut keep = 0;
         for record in records {
             let len = super::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
-            if len > room {
+            if spool.disk_for(frames + len) > room {
                 break;
             }
-            room -= len;
+            frames += len;
             keep += 1;
         }
         keep

@@ -243,6 +243,28 @@ async fn after_stop_a_write_waiting_for_disk_room_waits_for_the_deadline_not_the
     assert!(events.iter().all(|event| matches!(event, AckEvent::Upto(_))), "no refusal: {events:?}");
 }
 
+/// Found by CI (a clean clone): `sluice_spool_bytes` above `max_disk_bytes`. A batch was checked
+/// against the cap by its frames and two segment headers, but a batch spanning several segments
+/// opens a header for each.
+#[tokio::test]
+async fn the_spool_never_passes_its_cap_by_the_headers_of_the_segments_a_batch_opens() {
+    for when_full in [WhenFull::DropNewest, WhenFull::Block] {
+        let mut s = setup_sized(Fsync::Never, when_full, 4 * 1024);
+        let records = s.accept(300).await;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        s.spooler.write(records, &stop).await;
+        let spool = s.buffer.spool().expect("spool").clone();
+        assert!(spool.undelivered() > 0, "{when_full:?}: something was written");
+        assert!(
+            spool.disk_bytes() <= spool.max_bytes(),
+            "{when_full:?}: {} bytes on disk, cap {}",
+            spool.disk_bytes(),
+            spool.max_bytes()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_full_disk_under_drop_newest_refuses_the_records_that_did_not_fit() {
     let mut s = setup(Fsync::Never, WhenFull::DropNewest);
