@@ -33,6 +33,8 @@ use super::ack::Ack;
 use super::segment::{self, HEADER};
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 /// Where a record sits in the spool. Ordered: segment, then byte offset (the index grows with
