@@ -493,8 +493,13 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
         .map(|r| r.get(0))
         .collect();
     assert_eq!(payloads, vec!["before", "after"]);
-    let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 1.0);
+    wait_for_count(
+        config.persist_admin(),
+        "sluice_persist_dead_letters_total",
+        &[("reason", "rejected_by_postgres")],
+        1.0,
+    )
+    .await;
 }
 
 /// An agent whose Kafka never answers, with a 1 MiB spool: only the cap's policy decides.

@@ -159,8 +159,7 @@ async fn a_record_older_than_retention_is_a_dead_letter_named_expired_not_a_row_
     let letters = dead_letters(&db).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!((letters[0].0, letters[0].1.as_str()), (1, "expired"));
-    let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "expired")]), 1.0);
+    wait_for_count(config.persist_admin(), "sluice_persist_dead_letters_total", &[("reason", "expired")], 1.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,8 +187,13 @@ async fn a_batch_with_several_rows_postgres_rejects_is_split_until_each_is_isola
     assert_eq!(stored_ids(&db).await.len(), 996);
     let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
     assert_eq!(offsets, vec![17, 500, 501, 998]);
-    let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 4.0);
+    wait_for_count(
+        config.persist_admin(),
+        "sluice_persist_dead_letters_total",
+        &[("reason", "rejected_by_postgres")],
+        4.0,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,11 +261,16 @@ async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() 
     assert_eq!(stored_ids(&db).await.len(), 198);
     let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
     assert_eq!(offsets, vec![17, 190]);
-    let metrics = scrape(config.persist_admin()).await;
+    let metrics = wait_for_count(
+        config.persist_admin(),
+        "sluice_persist_dead_letters_total",
+        &[("reason", "rejected_by_postgres")],
+        2.0,
+    )
+    .await;
     assert!(metrics.count("sluice_persist_write_errors_total", &[]) >= 1.0, "the transient error was retried");
     assert_eq!(metrics.count("sluice_persist_rows_written_total", &[]), 198.0);
     assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 0.0);
-    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "rejected_by_postgres")]), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,8 +151,14 @@ async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted()
     .await;
     assert_eq!(row.get::<_, String>(0), "malformed_envelope");
     assert_eq!(row.get::<_, Vec<u8>>(1), b"not an envelope");
-    let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]), 1.0);
+    // Counted once the transaction that stored it committed: a moment after the row is visible.
+    let admin = config.persist_admin();
+    eventually("the dead letter counted", || async {
+        let counted =
+            scrape(admin).await.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]);
+        (counted == 1.0).then_some(())
+    })
+    .await;
     assert_eq!(row_count(&db).await, 0);
 }
 

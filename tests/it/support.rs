@@ -373,6 +373,16 @@ pub async fn http_get(address: SocketAddr, path: &str) -> std::io::Result<(u16, 
 }
 
 /// The Prometheus text of `/metrics`.
+/// Scrapes until counter `name{labels}` reads `value` (a count follows the commit that made a
+/// row visible by a moment); the scrape that showed it.
+pub async fn wait_for_count(admin: SocketAddr, name: &str, labels: &[(&str, &str)], value: f64) -> Metrics {
+    eventually(&format!("{name}{labels:?} = {value}"), || async {
+        let metrics = scrape(admin).await;
+        (metrics.count(name, labels) == value).then_some(metrics)
+    })
+    .await
+}
+
 pub async fn scrape(admin: SocketAddr) -> Metrics {
     let (status, body) = http_get(admin, "/metrics").await.expect("scrape");
     assert_eq!(status, 200, "{body}");
