@@ -1159,7 +1159,7 @@ impl SpoolReader {
                     }
                     self.failures = None;
                     let quarantined = self.spool.quarantine_move(pos.segment);
-                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
+                    let (lost, next) = self.skip_rest(pos, upto, &mut batch);
                     error!(
                         %error,
                         segment = pos.segment,
@@ -1169,12 +1169,9 @@ impl SpoolReader {
                         quarantined = ?quarantined,
                         "the spool cannot read this segment; the rest of it is given up and its disk-only records counted as lost"
                     );
-                    batch.corrupt_regions += 1;
-                    batch.corrupt_records += lost;
-                    batch.corrupt_bytes += skipped_bytes;
-                    match self.next_segment(pos.segment) {
-                        Some(next) if next <= upto => pos = next,
-                        _ => {
+                    match next {
+                        Some(next) => pos = next,
+                        None => {
                             pos = upto;
                             break;
                         }
@@ -1182,7 +1179,7 @@ impl SpoolReader {
                 }
                 Err(segment::ReadError::Corrupt) => {
                     let quarantined = self.spool.quarantine_copy(pos.segment);
-                    let (lost, skipped_bytes) = self.spool.lose_rest(pos);
+                    let (lost, next) = self.skip_rest(pos, upto, &mut batch);
                     error!(
                         segment = pos.segment,
                         offset = pos.offset,
@@ -1190,12 +1187,9 @@ impl SpoolReader {
                         quarantined = ?quarantined,
                         "damaged spool record; the rest of the segment is skipped and its disk-only records counted as lost"
                     );
-                    batch.corrupt_regions += 1;
-                    batch.corrupt_records += lost;
-                    batch.corrupt_bytes += skipped_bytes;
-                    match self.next_segment(pos.segment) {
-                        Some(next) if next <= upto => pos = next,
-                        _ => {
+                    match next {
+                        Some(next) => pos = next,
+                        None => {
                             pos = upto;
                             break;
                         }
@@ -1205,6 +1199,17 @@ impl SpoolReader {
         }
         batch.next = Some(pos);
         Ok(batch)
+    }
+
+    /// Gives up the rest of `pos`'s segment (damaged, or unreadable): its disk-only records are
+    /// finished as lost and counted in `batch`. Returns how many, and where to read on (`None`:
+    /// nothing before `upto`).
+    fn skip_rest(&mut self, pos: SpoolPos, upto: SpoolPos, batch: &mut ReadBatch) -> (u64, Option<SpoolPos>) {
+        let (lost, skipped_bytes) = self.spool.lose_rest(pos);
+        batch.corrupt_regions += 1;
+        batch.corrupt_records += lost;
+        batch.corrupt_bytes += skipped_bytes;
+        (lost, self.next_segment(pos.segment).filter(|next| *next <= upto))
     }
 
     fn next_segment(&mut self, after: u64) -> Option<SpoolPos> {

@@ -132,6 +132,17 @@ async fn both_processes_expose_the_documented_metrics() {
     assert_eq!(status, 200);
 }
 
+/// The row count once it is above zero and stops changing (a second without a new row).
+async fn rows_settled(db: &tokio_postgres::Client) -> u64 {
+    eventually("rows settle", || async {
+        let before = row_count(db).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = row_count(db).await;
+        (before == after && after > 0).then_some(after)
+    })
+    .await as u64
+}
+
 /// The agent's one-line account of its drain (`drain finished`): records lost at the end
 /// (counted `drain_timeout`), given up by connections at the deadline (also `drain_timeout`), and
 /// left in the spool.
@@ -174,13 +185,7 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
         within(Duration::from_secs(10), "the writer sees the agent stop reading", writer).await.expect("writer");
     assert!(written < 2000, "the writer was stopped by the agent, not by its own limit");
     let (lost, abandoned, _) = drain_account(&agent.log_text());
-    let rows = eventually("rows settle", || async {
-        let before = row_count(&db).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let after = row_count(&db).await;
-        (before == after && after > 0).then_some(after)
-    })
-    .await as u64;
+    let rows = rows_settled(&db).await;
     assert_eq!(
         written,
         rows + lost + abandoned,
@@ -223,13 +228,7 @@ async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
     assert!(status.success(), "the agent exits in time: {status:?}\n{}", agent.log_text());
     let sent = writer.join().expect("writer");
     let (lost, abandoned, _) = drain_account(&agent.log_text());
-    let rows = eventually("rows settle", || async {
-        let before = row_count(&db).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let after = row_count(&db).await;
-        (before == after && after > 0).then_some(after)
-    })
-    .await as u64;
+    let rows = rows_settled(&db).await;
     // Datagrams still queued when reading stopped are counted too (`drain_timeout`); the path is
     // gone by then, so the writer's next send fails. One send blocked on the full queue before
     // that may land after the count.
