@@ -319,6 +319,7 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
             Role::Persist => "persist",
         })?;
         let shutdown = Shutdown::install().context("cannot install signal handlers")?;
+        let scrape = metrics.clone();
         let work = async {
             match role {
                 Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
@@ -331,7 +332,11 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
             }
         };
         tokio::select! {
-            result = work => result.map(|()| ExitCode::SUCCESS),
+            result = work => {
+                // The last word: what this process counted, also after the last scrape.
+                tracing::info!(counters = telemetry::final_counts(&scrape.render()), "final counts");
+                result.map(|()| ExitCode::SUCCESS)
+            }
             _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
         }
     });

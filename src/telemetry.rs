@@ -230,6 +230,18 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
     Ok(handle)
 }
 
+/// The counters (`sluice_*_total`) of a rendered scrape, one `name{labels} value` per line: what
+/// a process logs as its last word ("final counts"), so what it counted after the last scrape
+/// (a drain's drops, say) is not lost with it.
+pub fn final_counts(exposition: &str) -> String {
+    exposition
+        .lines()
+        .filter(|line| line.starts_with("sluice_"))
+        .filter(|line| line.split(['{', ' ']).next().is_some_and(|name| name.ends_with("_total")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn describe_all() {
     describe_counter!(INGEST_CONNECTIONS, "Connections accepted and served, per listener.");
     describe_gauge!(INGEST_CONNECTIONS_OPEN, "Connections currently open, per listener.");
@@ -376,4 +388,25 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
         registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(terminal)).try_init()
     };
     installed.ok().map(|()| LogHandle(handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::final_counts;
+
+    #[test]
+    fn final_counts_keep_every_counter_and_nothing_else() {
+        let scrape = "# HELP sluice_ship_records_delivered_total Delivered.\n\
+                      # TYPE sluice_ship_records_delivered_total counter\n\
+                      sluice_ship_records_delivered_total 12\n\
+                      sluice_buffer_records_dropped_total{reason=\"drop_newest\"} 3\n\
+                      sluice_buffer_records 5\n\
+                      sluice_ship_delivery_latency_seconds_bucket{le=\"0.1\"} 4\n\
+                      sluice_ship_delivery_latency_seconds_count 4\n\
+                      other_total 1\n";
+        assert_eq!(
+            final_counts(scrape),
+            "sluice_ship_records_delivered_total 12\nsluice_buffer_records_dropped_total{reason=\"drop_newest\"} 3"
+        );
+    }
 }

@@ -14,5 +14,6 @@ mod pipeline;
 mod protocols;
 mod reload;
 mod schema;
+mod soak;
 mod support;
 mod tls;

@@ -18,11 +18,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod broker;
 mod clients;
 mod load;
+mod postgres;
 mod proxy;
 
 pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, numbered, numbers_in};
+pub use postgres::PrivatePostgres;
 pub use proxy::Proxy;
 
 /// Any single wait in a test is bounded by this unless it says otherwise.

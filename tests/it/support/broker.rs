@@ -107,6 +107,14 @@ impl PrivateBroker {
         }
     }
 
+    /// Kills the broker (SIGKILL): a crash. [`PrivateBroker::resume`] starts it again on the same
+    /// data.
+    pub fn crash(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
     /// Stops the broker (SIGTERM, then SIGKILL after 30 s).
     pub async fn stop(&mut self) {
         if let Some(mut process) = self.process.take() {

@@ -1,0 +1,304 @@
+//! The soak's writers: every record carries its writer, its number and its try
+//! (`{"w":"a1","seq":7,"try":0,…}`), so the end can say of each one where it went.
+//!
+//! - [`AckedWriter`]: acknowledged mode. It keeps what was ACKed and NAKed; a record still
+//!   unsettled when its connection breaks is sent again (a new try) on the next connection.
+//! - [`PlainWriter`]: no acknowledgements. One record per `write` call, so it knows exactly which
+//!   records the kernel took (those the agent will read, or count); a write cut short leaves one
+//!   record "uncertain".
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio_util::sync::CancellationToken;
+
+/// The record `seq` (try `attempt`) of writer `writer`: about 200 bytes of JSON.
+pub fn record(writer: &str, seq: u64, attempt: u32) -> String {
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!(
+        r#"{{"w":"{writer}","seq":{seq},"try":{attempt},"t":{millis},"level":"info","message":"soak record","pad":"{}"}}"#,
+        "s".repeat(96)
+    )
+}
+
+/// What an acknowledged writer knows at the end.
+#[derive(Default, Debug)]
+pub struct AckedOutcome {
+    /// Each record's tries, in order; a try ACKed, NAKed (with the reason) or unknown (its
+    /// connection broke before it was settled, so it was sent again).
+    pub tries: BTreeMap<u64, Vec<Try>>,
+    pub sent: u64,
+    pub resent: u64,
+    pub connections: u64,
+    /// Longest time from a record's write to its ACK.
+    pub max_ack_wait: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Try {
+    Acked,
+    Naked(String),
+    Unknown,
+    /// Written when the writer stopped and never settled (a stuck agent).
+    Unsettled,
+}
+
+pub struct AckedWriter {
+    stop: CancellationToken,
+    /// Cancelled when the writer must give up waiting for its last acknowledgements.
+    give_up: CancellationToken,
+    task: tokio::task::JoinHandle<AckedOutcome>,
+}
+
+impl AckedWriter {
+    pub fn start(name: &str, socket: PathBuf, rate: u64) -> Self {
+        let (stop, give_up) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(run_acked(name.to_string(), socket, rate, stop.clone(), give_up.clone()));
+        Self { stop, give_up, task }
+    }
+
+    /// Stops writing new records; keeps (re)sending until every record is settled or `limit`
+    /// passes.
+    pub async fn finish(self, limit: Duration) -> AckedOutcome {
+        self.stop.cancel();
+        let give_up = self.give_up.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            give_up.cancel();
+        });
+        let outcome = tokio::time::timeout(limit + Duration::from_secs(40), self.task)
+            .await
+            .expect("the acked writer ends after giving up")
+            .expect("acked writer task");
+        timer.abort();
+        outcome
+    }
+}
+
+struct Sent {
+    seq: u64,
+    attempt: u32,
+    at: Instant,
+}
+
+async fn run_acked(
+    name: String,
+    socket: PathBuf,
+    rate: u64,
+    stop: CancellationToken,
+    give_up: CancellationToken,
+) -> AckedOutcome {
+    let mut outcome = AckedOutcome::default();
+    let mut next = 0u64;
+    // Records to send again (their last try is unknown), oldest first.
+    let mut again: VecDeque<(u64, u32)> = VecDeque::new();
+    let per_tick = (rate / 100).max(1);
+    loop {
+        if give_up.is_cancelled() || (stop.is_cancelled() && again.is_empty()) {
+            break;
+        }
+        let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(2), UnixStream::connect(&socket)).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (read, mut write) = stream.into_split();
+        if write.write_all(b"SLUICE/1 ACK\n").await.is_err() {
+            continue;
+        }
+        let mut lines = BufReader::new(read).lines();
+        match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
+            Ok(Ok(Some(line))) if line.starts_with("OK") => {}
+            _ => continue,
+        }
+        outcome.connections += 1;
+        // This connection's records by sequence number (1-based), and how far they are settled.
+        let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+        let settled: Arc<Mutex<Vec<Option<Try>>>> = Arc::default();
+        let reader = tokio::spawn({
+            let (sent, settled) = (sent.clone(), settled.clone());
+            async move {
+                let mut upto = 0usize;
+                let mut max_wait = Duration::ZERO;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let mut words = line.split_whitespace();
+                    let (kind, number) = (words.next(), words.next().and_then(|n| n.parse::<usize>().ok()));
+                    let mut settled = settled.lock().expect("settled");
+                    let sent = sent.lock().expect("sent");
+                    match (kind, number) {
+                        (Some("ACK"), Some(n)) if n <= sent.len() => {
+                            for i in upto..n {
+                                if settled[i].is_none() {
+                                    settled[i] = Some(Try::Acked);
+                                    max_wait = max_wait.max(sent[i].at.elapsed());
+                                }
+                            }
+                            upto = upto.max(n);
+                        }
+                        (Some("NAK"), Some(n)) if (1..=sent.len()).contains(&n) => {
+                            settled[n - 1] = Some(Try::Naked(words.next().unwrap_or("").to_string()));
+                        }
+                        _ => panic!("unexpected acknowledgement line: {line}"),
+                    }
+                }
+                max_wait
+            }
+        });
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut broken = false;
+        while !broken && !give_up.is_cancelled() {
+            tick.tick().await;
+            let mut batch: Vec<(u64, u32)> = Vec::new();
+            while batch.len() < per_tick as usize {
+                if let Some(resend) = again.pop_front() {
+                    batch.push(resend);
+                } else if !stop.is_cancelled() {
+                    batch.push((next, 0));
+                    next += 1;
+                } else {
+                    break;
+                }
+            }
+            if batch.is_empty() {
+                break; // stopped, nothing left to send again: wait for the last acknowledgements
+            }
+            let text: String = batch.iter().map(|&(seq, attempt)| record(&name, seq, attempt) + "\n").collect();
+            {
+                let (mut sent, mut settled) = (sent.lock().expect("sent"), settled.lock().expect("settled"));
+                for &(seq, attempt) in &batch {
+                    sent.push(Sent { seq, attempt, at: Instant::now() });
+                    settled.push(None);
+                    outcome.sent += 1;
+                    if attempt > 0 {
+                        outcome.resent += 1;
+                    }
+                }
+            }
+            // A write the agent does not take (a full buffer holds it) ends when the writer
+            // gives up: then it is unsettled.
+            tokio::select! {
+                written = write.write_all(text.as_bytes()) => broken = written.is_err(),
+                _ = give_up.cancelled() => break,
+            }
+        }
+        let _ = write.shutdown().await;
+        // The agent closes once every record of the connection is settled (or it dies).
+        let max_wait = tokio::select! {
+            result = reader => result.unwrap_or_default(),
+            _ = give_up.cancelled() => Duration::ZERO,
+        };
+        outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
+        let (sent, settled) = (sent.lock().expect("sent"), settled.lock().expect("settled"));
+        for (record, state) in sent.iter().zip(settled.iter()) {
+            let state = state.clone().unwrap_or(if give_up.is_cancelled() { Try::Unsettled } else { Try::Unknown });
+            if state == Try::Unknown {
+                again.push_back((record.seq, record.attempt + 1));
+            }
+            outcome.tries.entry(record.seq).or_default().push(state);
+        }
+    }
+    // Records queued to send again when the writer gave up are unsettled too.
+    for (seq, _) in again {
+        if let Some(last) = outcome.tries.get_mut(&seq).and_then(|tries| tries.last_mut()) {
+            *last = Try::Unsettled;
+        }
+    }
+    outcome
+}
+
+/// What a plain writer knows at the end.
+#[derive(Default, Debug)]
+pub struct PlainOutcome {
+    /// Records the kernel took whole.
+    pub written: BTreeSet<u64>,
+    /// Records a write cut short: part of the line may have reached the agent.
+    pub uncertain: BTreeSet<u64>,
+    /// Records not written at all (no connection, or the write failed at once).
+    pub unwritten: u64,
+    pub connections: u64,
+}
+
+pub struct PlainWriter {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<PlainOutcome>,
+}
+
+impl PlainWriter {
+    pub fn start(name: &str, socket: PathBuf, rate: u64) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run_plain(name.to_string(), socket, rate, stop.clone()));
+        Self { stop, task }
+    }
+
+    pub async fn finish(self) -> PlainOutcome {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the plain writer stops")
+            .expect("plain writer task")
+    }
+}
+
+async fn run_plain(name: String, socket: PathBuf, rate: u64, stop: CancellationToken) -> PlainOutcome {
+    let mut outcome = PlainOutcome::default();
+    let mut next = 0u64;
+    let per_tick = (rate / 100).max(1);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut stream: Option<UnixStream> = None;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        if stream.is_none()
+            && let Ok(Ok(connected)) =
+                tokio::time::timeout(Duration::from_millis(500), UnixStream::connect(&socket)).await
+        {
+            outcome.connections += 1;
+            stream = Some(connected);
+        }
+        for _ in 0..per_tick {
+            let seq = next;
+            next += 1;
+            let Some(connected) = stream.as_mut() else {
+                outcome.unwritten += 1;
+                continue;
+            };
+            let line = record(&name, seq, 0) + "\n";
+            // A blocked write is what the app feels (rate limits, a full buffer): bounded here so
+            // the writer notices a stopped agent.
+            match tokio::time::timeout(Duration::from_secs(5), write_counted(connected, line.as_bytes())).await {
+                Ok(Ok(n)) if n == line.len() => {
+                    outcome.written.insert(seq);
+                }
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    outcome.unwritten += 1;
+                    stream = None;
+                }
+                Ok(Ok(_)) | Err(_) => {
+                    // Part of the line (or an unknown part, after a timeout) reached the socket.
+                    outcome.uncertain.insert(seq);
+                    stream = None;
+                }
+            }
+        }
+    }
+    if let Some(mut connected) = stream {
+        let _ = connected.shutdown().await;
+    }
+    outcome
+}
+
+/// Writes `bytes`, returning how many the kernel took before an error (or all of them).
+async fn write_counted(stream: &mut UnixStream, bytes: &[u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < bytes.len() {
+        match stream.write(&bytes[done..]).await {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(error) if done == 0 => return Err(error),
+            Err(_) => break,
+        }
+    }
+    Ok(done)
+}
