@@ -188,12 +188,25 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     };
     let record = envelope.record.get();
     // PostgreSQL's text and jsonb cannot hold U+0000; such a record is kept as bytes instead.
-    // The substring test is a cheap filter; the walk decides.
+    // The substring test is a cheap filter; the scan decides.
     if payload.contains('\0') || (record.contains("u0000") && contains_nul(record)) {
         return dead(
             origin,
             "nul_character",
             "record contains U+0000, which PostgreSQL text cannot store".into(),
+            Some(bytes),
+        );
+    }
+    let pod = &envelope.pod;
+    if [Some(&envelope.id), pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
+        .into_iter()
+        .flatten()
+        .any(|text| text.contains('\0'))
+    {
+        return dead(
+            origin,
+            "nul_character",
+            "envelope id or pod field contains U+0000, which PostgreSQL text cannot store".into(),
             Some(bytes),
         );
     }
@@ -239,17 +252,22 @@ fn dead(origin: Origin, reason: &'static str, error: String, payload: Option<&[u
     Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
 }
 
+/// True if JSON text `record` holds the escape `\u0000`, which `jsonb` refuses and which
+/// derived text columns would carry. A byte scan, not a tree: it judges a record nested deeper
+/// than serde_json builds (whose derived fields are read all the same), and builds nothing. In
+/// JSON text a backslash only ever starts an escape inside a string, so each is checked and
+/// skipped with the character it escapes (`\\u0000` is a backslash and text).
 fn contains_nul(record: &str) -> bool {
-    fn walk(value: &Value) -> bool {
-        match value {
-            Value::String(text) => text.contains('\0'),
-            Value::Array(items) => items.iter().any(walk),
-            Value::Object(map) => map.iter().any(|(key, value)| key.contains('\0') || walk(value)),
-            _ => false,
+    let bytes = record.as_bytes();
+    let mut at = 0;
+    while let Some(found) = bytes.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        let escape = at + found;
+        if bytes.get(escape + 1..).is_some_and(|rest| rest.starts_with(b"u0000")) {
+            return true;
         }
+        at = escape + 2;
     }
-    // A record serde_json cannot read as a tree is left to PostgreSQL to judge.
-    serde_json::from_str::<Value>(record).is_ok_and(|value| walk(&value))
+    false
 }
 
 /// Every name a derived column is read from.

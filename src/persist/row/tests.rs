@@ -86,6 +86,34 @@ fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_i
 }
 
 #[test]
+fn a_nul_in_a_record_nested_deeper_than_serde_json_builds_is_a_dead_letter() {
+    // Found by the `row` fuzz target: the NUL check built the record as a tree, which serde_json
+    // refuses past 128 levels, so such a record became a row; its derived message (read all
+    // the same) carried the NUL into a text column, and `jsonb` refuses the escape too.
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    for record in [format!(r#"{{"msg":"a\u0000b","x":{deep}}}"#), format!(r#"{{"x":{deep},"y":["\u0000"]}}"#)] {
+        let Parsed::Dead(letter) = parse(Some(&envelope("json", &record)), origin()) else {
+            panic!("a dead letter for {record}")
+        };
+        assert_eq!(letter.reason, "nul_character");
+    }
+    let record = format!(r#"{{"msg":"a\\u0000b","x":{deep}}}"#);
+    assert!(matches!(parse(Some(&envelope("json", &record)), origin()), Parsed::Row(_)), "an escaped backslash");
+}
+
+#[test]
+fn a_nul_in_the_envelope_id_or_pod_fields_is_a_dead_letter() {
+    // Found by the `row` fuzz target: only the record was checked, so a NUL in the id or a pod
+    // field reached a text column of the row.
+    let good = String::from_utf8(envelope("json", r#"{"msg":"ok"}"#)).expect("utf-8");
+    for bad in [good.replace(r#""id":"i-1""#, r#""id":"i-\u00001""#), good.replace(r#""web""#, r#""w\u0000eb""#)] {
+        let Parsed::Dead(letter) = parse(Some(bad.as_bytes()), origin()) else { panic!("a dead letter for {bad}") };
+        assert_eq!(letter.reason, "nul_character");
+        assert!(!letter.error.contains('\0'));
+    }
+}
+
+#[test]
 fn a_json_record_is_stored_as_its_own_text_with_every_digit() {
     let record = r#"{"msg":"x","big":123456789012345678901234567890,"n":1.50}"#;
     let Parsed::Row(row) = parse(Some(&envelope("json", record)), origin()) else { panic!("a row") };
