@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -368,7 +368,10 @@ pub fn event_time(value: &Value) -> Option<DateTime<Utc>> {
                 a if a < 1e17 => n * 1e3,
                 _ => n,
             };
-            Utc.timestamp_nanos(nanos as i64)
+            // Seconds and nanoseconds apart: one i64 of nanoseconds ends in 2262, and `as`
+            // saturates, so a huge number would read as that year; out of chrono's range
+            // (the seconds saturate too) it is no time at all.
+            DateTime::from_timestamp(nanos.div_euclid(1e9) as i64, nanos.rem_euclid(1e9) as u32)?
         }
         _ => return None,
     };

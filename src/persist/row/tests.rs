@@ -1,3 +1,4 @@
+use chrono::TimeZone;
 use serde_json::json;
 
 use super::*;
@@ -52,6 +53,17 @@ fn event_times_are_read_from_rfc3339_and_epoch_numbers_of_any_unit() {
     assert_eq!(event_time(&json!("yesterday")), None);
     assert_eq!(event_time(&json!(true)), None);
     assert_eq!(event_time(&json!("0001-01-01T00:00:00Z")), None, "implausible years are not believed");
+}
+
+#[test]
+fn a_huge_number_is_no_event_time_rather_than_the_year_2262() {
+    // Found by the `row` fuzz target: nanoseconds were cast to one i64, which saturates, so any
+    // number beyond it (1e300, or milliseconds past 2262) became 2262-04-11, a believable year.
+    assert_eq!(event_time(&json!(1e300)), None);
+    assert_eq!(event_time(&json!(-1e300)), None);
+    let year_3000 = Utc.with_ymd_and_hms(3000, 1, 1, 0, 0, 0).single().expect("a time");
+    assert_eq!(event_time(&json!(year_3000.timestamp())), Some(year_3000), "seconds of a year past 2262");
+    assert_eq!(event_time(&json!(year_3000.timestamp_millis())), Some(year_3000), "milliseconds too");
 }
 
 #[test]
