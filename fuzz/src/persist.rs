@@ -203,9 +203,32 @@ fn agrees_with_envelope(row: &Row, value: &[u8]) {
         assert_eq!(text(record.get("message")).as_deref(), Some(row.payload.as_str()), "a text record's line");
         assert_eq!(row.message.as_deref(), Some(row.payload.as_str()));
     }
+    if row.format == "json"
+        && let Some(fields) = record.as_object()
+        && let Some(Value::Number(number)) = TIME_FIELDS.iter().find_map(|name| fields.get(*name))
+        && let (Some(time), Some(number)) = (row.event_time, number.as_f64())
+    {
+        numeric_time_is_its_number(time, number);
+    }
     if let Ok(parsed) = serde_json::from_str::<Value>(&row.record.0) {
         assert_eq!(&parsed, record, "the record column is not the envelope's record");
     }
+}
+
+/// Fields that name the event time, in order of preference (as `row.rs` reads them).
+const TIME_FIELDS: &[&str] = &["@timestamp", "timestamp", "time", "ts"];
+
+/// A numeric event time is the instant the number names, in the unit its magnitude says
+/// (seconds below 1e11, milliseconds below 1e14, microseconds below 1e17, else nanoseconds).
+fn numeric_time_is_its_number(time: DateTime<Utc>, number: f64) {
+    let seconds = match number.abs() {
+        a if a < 1e11 => number,
+        a if a < 1e14 => number / 1e3,
+        a if a < 1e17 => number / 1e6,
+        _ => number / 1e9,
+    };
+    let got = time.timestamp() as f64 + f64::from(time.timestamp_subsec_nanos()) / 1e9;
+    assert!((got - seconds).abs() <= 1e-3 + seconds.abs() * 1e-12, "event time {time} from the number {number}");
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -90,6 +90,7 @@ fn write_row_and_segment_seeds() {
         message,
         br#"{"v":1,"id":"i-1","ingest_time":"2026-06-01T12:00:00Z","peer":{"pid":2147483647,"uid":4294967295,"gid":0},"format":"json","record":{"ts":1e308,"time":-1e300,"level":1e30,"n":123456789012345678901234567890}}"#,
     );
+    put(&row, "huge_time", message, &envelope(r#"{"ts":1e300,"msg":"not a time"}"#));
     put(&row, "expired", message, &envelope(r#"{"msg":"old"}"#).replace_time("1999-06-01T12:00:00"));
     put(&row, "text_without_message", message, &envelope("x").replace_record(r#"{"msg":"no message"}"#));
     put(&row, "deep_record", message, &envelope(&format!(r#"{{"msg":"deep","x":{}}}"#, deep(140, "1"))));
