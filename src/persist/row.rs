@@ -362,16 +362,22 @@ pub fn event_time(value: &Value) -> Option<DateTime<Utc>> {
         Value::String(text) => DateTime::parse_from_rfc3339(text).ok()?.with_timezone(&Utc),
         Value::Number(number) => {
             let n = number.as_f64()?;
-            let nanos = match n.abs() {
-                a if a < 1e11 => n * 1e9,
-                a if a < 1e14 => n * 1e6,
-                a if a < 1e17 => n * 1e3,
-                _ => n,
+            let unit: i128 = match n.abs() {
+                a if a < 1e11 => 1_000_000_000,
+                a if a < 1e14 => 1_000_000,
+                a if a < 1e17 => 1_000,
+                _ => 1,
             };
-            // Seconds and nanoseconds apart: one i64 of nanoseconds ends in 2262, and `as`
-            // saturates, so a huge number would read as that year; out of chrono's range
-            // (the seconds saturate too) it is no time at all.
-            DateTime::from_timestamp(nanos.div_euclid(1e9) as i64, nanos.rem_euclid(1e9) as u32)?
+            // In nanoseconds as an i128, split in integers: one i64 of nanoseconds ends in 2262
+            // and `as` saturates, so a huge number read as that year. An integer is exact; a
+            // fraction as exact as f64 is (its i128 saturates far beyond any time chrono holds,
+            // which is then no time at all).
+            let nanos = match number.as_i64() {
+                Some(integer) => i128::from(integer) * unit,
+                None => (n * unit as f64) as i128,
+            };
+            let seconds = i64::try_from(nanos.div_euclid(1_000_000_000)).ok()?;
+            DateTime::from_timestamp(seconds, nanos.rem_euclid(1_000_000_000) as u32)?
         }
         _ => return None,
     };

@@ -64,6 +64,10 @@ fn a_huge_number_is_no_event_time_rather_than_the_year_2262() {
     let year_3000 = Utc.with_ymd_and_hms(3000, 1, 1, 0, 0, 0).single().expect("a time");
     assert_eq!(event_time(&json!(year_3000.timestamp())), Some(year_3000), "seconds of a year past 2262");
     assert_eq!(event_time(&json!(year_3000.timestamp_millis())), Some(year_3000), "milliseconds too");
+    // Found by the fuzz target in the first form of this fix, which split f64 nanoseconds in
+    // f64: the quotient rounded up while the remainder did not, a second off.
+    let seconds = 17_803_152_050;
+    assert_eq!(event_time(&json!(seconds)), DateTime::from_timestamp(seconds, 0));
 }
 
 #[test]
