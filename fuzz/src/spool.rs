@@ -54,8 +54,9 @@ pub struct Record {
 /// Records described by `data`: per record a byte `h` (bit 7: a key of `(h >> 4) & 7` bytes;
 /// the low four bits move the ingest time), a payload length byte, then the key and the payload
 /// (as much as is left). Key and payload bytes are made printable ASCII: they are envelope JSON
-/// and text keys, which never hold the bytes a frame's length starts with (0x00–0x05), so a
-/// record cannot contain a whole frame of its own and "the frames before the cut" is exact.
+/// and text keys, which never hold a byte 0x00–0x05, the last byte of every length a frame may
+/// declare (at most `MAX_BODY`, little-endian), so no record holds a whole frame of its own and
+/// "the frames before the cut" is exact (short of a CRC-32C coincidence in the frame fields).
 pub fn records(mut data: &[u8]) -> Vec<Record> {
     let printable = |bytes: &[u8]| bytes.iter().map(|b| b' ' + b % 95).collect::<Vec<u8>>();
     let mut out = Vec::new();
