@@ -105,6 +105,18 @@ pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
 pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 /// Messages that could not be parsed as a sluice envelope, kept in `dead_letters`, by `reason`.
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
+/// Every `reason` of [`PERSIST_DEAD_LETTERS`] (docs/METRICS.md lists the same): a dead letter
+/// with any other reason would be a series nobody registered or documented.
+pub const DEAD_LETTER_REASONS: &[&str] = &[
+    "malformed_envelope",
+    "unsupported_version",
+    "missing_message",
+    "nul_character",
+    "rejected_by_postgres",
+    "empty_message",
+    "expired",
+    "ingest_time_in_future",
+];
 /// Messages stored neither as a row nor as a dead letter (PostgreSQL refused the dead letter
 /// too), by `reason`; each is logged at ERROR with its topic, partition and offset, where it can
 /// still be read from Kafka until the topic's retention ends.
@@ -336,17 +348,8 @@ pub fn register_persist_series() {
     ] {
         metrics::counter!(name).increment(0);
     }
-    for reason in [
-        "malformed_envelope",
-        "unsupported_version",
-        "missing_message",
-        "nul_character",
-        "rejected_by_postgres",
-        "empty_message",
-        "expired",
-        "ingest_time_in_future",
-    ] {
-        metrics::counter!(PERSIST_DEAD_LETTERS, REASON => reason).increment(0);
+    for reason in DEAD_LETTER_REASONS {
+        metrics::counter!(PERSIST_DEAD_LETTERS, REASON => *reason).increment(0);
     }
     metrics::counter!(PERSIST_LOST, REASON => "dead_letter_rejected").increment(0);
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);

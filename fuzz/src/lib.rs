@@ -4,8 +4,20 @@
 //! Each target is a function here, so `cargo test` in this crate replays the committed seeds
 //! through exactly what the fuzzer runs (scripts/test does, without instrumentation).
 //!
-//! The first input byte chooses the read sizes, so the fuzzer explores records split across
-//! reads at every position, which is where framers go wrong.
+//! For the decoders the first input byte chooses the read sizes, so the fuzzer explores records
+//! split across reads at every position, which is where framers go wrong. Beyond ingest: `row`
+//! (the persister's envelope parsing, [`persist`]) and `segment` (spool recovery, [`spool`]);
+//! they also assert that memory stays in proportion to the input, counted by this crate's
+//! allocator ([`alloc`]).
+
+pub mod alloc;
+pub mod persist;
+#[cfg(test)]
+mod seeds;
+pub mod spool;
+
+pub use persist::row;
+pub use spool::segment;
 
 use bytes::BytesMut;
 use sluice::ingest::forward::{self, ForwardFramer, Limits};
@@ -182,6 +194,8 @@ mod tests {
         let mut seen = 0;
         for entry in std::fs::read_dir(&dir).expect("the seeds directory") {
             let path = entry.expect("a seed").path();
+            // Shown with a failure: which seed it was.
+            eprintln!("seed {}", path.display());
             run(&std::fs::read(&path).expect("a readable seed"));
             seen += 1;
         }
@@ -206,5 +220,15 @@ mod tests {
     #[test]
     fn every_forward_seed_passes_the_forward_target() {
         replay("forward", super::forward);
+    }
+
+    #[test]
+    fn every_row_seed_passes_the_row_target() {
+        replay("row", super::row);
+    }
+
+    #[test]
+    fn every_segment_seed_passes_the_segment_target() {
+        replay("segment", super::segment);
     }
 }

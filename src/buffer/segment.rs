@@ -146,7 +146,9 @@ pub enum ReadError {
 }
 
 /// Reads the next frame from `reader` into `body`; `Ok(false)` at a clean end of file. A
-/// declared length above `max_body` is damage, and nothing is allocated for it.
+/// declared length above `max_body` is damage, and nothing is allocated for it; below it, `body`
+/// grows only with the bytes that arrive, so a damaged length the file cannot back is never an
+/// allocation (`body` is kept between reads: it would hold that memory for good).
 pub fn read_frame(reader: &mut impl Read, body: &mut Vec<u8>, max_body: usize) -> Result<bool, ReadError> {
     let mut head = [0u8; FRAME_OVERHEAD];
     match read_full(reader, &mut head)? {
@@ -159,8 +161,7 @@ pub fn read_frame(reader: &mut impl Read, body: &mut Vec<u8>, max_body: usize) -
         return Err(ReadError::Corrupt);
     }
     body.clear();
-    body.resize(body_len, 0);
-    if read_full(reader, body)? < body_len {
+    if reader.take(body_len as u64).read_to_end(body)? < body_len {
         return Err(ReadError::Corrupt);
     }
     let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);

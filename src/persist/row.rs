@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -188,12 +188,25 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     };
     let record = envelope.record.get();
     // PostgreSQL's text and jsonb cannot hold U+0000; such a record is kept as bytes instead.
-    // The substring test is a cheap filter; the walk decides.
+    // The substring test is a cheap filter; the scan decides.
     if payload.contains('\0') || (record.contains("u0000") && contains_nul(record)) {
         return dead(
             origin,
             "nul_character",
             "record contains U+0000, which PostgreSQL text cannot store".into(),
+            Some(bytes),
+        );
+    }
+    let pod = &envelope.pod;
+    if [Some(&envelope.id), pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
+        .into_iter()
+        .flatten()
+        .any(|text| text.contains('\0'))
+    {
+        return dead(
+            origin,
+            "nul_character",
+            "envelope id or pod field contains U+0000, which PostgreSQL text cannot store".into(),
             Some(bytes),
         );
     }
@@ -239,17 +252,22 @@ fn dead(origin: Origin, reason: &'static str, error: String, payload: Option<&[u
     Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
 }
 
+/// True if JSON text `record` holds the escape `\u0000`, which `jsonb` refuses and which
+/// derived text columns would carry. A byte scan, not a tree: it judges a record nested deeper
+/// than serde_json builds (whose derived fields are read all the same), and builds nothing. In
+/// JSON text a backslash only ever starts an escape inside a string, so each is checked and
+/// skipped with the character it escapes (`\\u0000` is a backslash and text).
 fn contains_nul(record: &str) -> bool {
-    fn walk(value: &Value) -> bool {
-        match value {
-            Value::String(text) => text.contains('\0'),
-            Value::Array(items) => items.iter().any(walk),
-            Value::Object(map) => map.iter().any(|(key, value)| key.contains('\0') || walk(value)),
-            _ => false,
+    let bytes = record.as_bytes();
+    let mut at = 0;
+    while let Some(found) = bytes.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        let escape = at + found;
+        if bytes.get(escape + 1..).is_some_and(|rest| rest.starts_with(b"u0000")) {
+            return true;
         }
+        at = escape + 2;
     }
-    // A record serde_json cannot read as a tree is left to PostgreSQL to judge.
-    serde_json::from_str::<Value>(record).is_ok_and(|value| walk(&value))
+    false
 }
 
 /// Every name a derived column is read from.
@@ -344,13 +362,22 @@ pub fn event_time(value: &Value) -> Option<DateTime<Utc>> {
         Value::String(text) => DateTime::parse_from_rfc3339(text).ok()?.with_timezone(&Utc),
         Value::Number(number) => {
             let n = number.as_f64()?;
-            let nanos = match n.abs() {
-                a if a < 1e11 => n * 1e9,
-                a if a < 1e14 => n * 1e6,
-                a if a < 1e17 => n * 1e3,
-                _ => n,
+            let unit: i128 = match n.abs() {
+                a if a < 1e11 => 1_000_000_000,
+                a if a < 1e14 => 1_000_000,
+                a if a < 1e17 => 1_000,
+                _ => 1,
             };
-            Utc.timestamp_nanos(nanos as i64)
+            // In nanoseconds as an i128, split in integers: one i64 of nanoseconds ends in 2262
+            // and `as` saturates, so a huge number read as that year. An integer is exact; a
+            // fraction as exact as f64 is (its i128 saturates far beyond any time chrono holds,
+            // which is then no time at all).
+            let nanos = match number.as_i64() {
+                Some(integer) => i128::from(integer) * unit,
+                None => (n * unit as f64) as i128,
+            };
+            let seconds = i64::try_from(nanos.div_euclid(1_000_000_000)).ok()?;
+            DateTime::from_timestamp(seconds, nanos.rem_euclid(1_000_000_000) as u32)?
         }
         _ => return None,
     };

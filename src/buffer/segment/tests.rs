@@ -69,6 +69,20 @@ fn a_huge_declared_length_is_damage_not_an_allocation() {
 }
 
 #[test]
+fn read_frame_does_not_allocate_a_declared_length_the_file_cannot_back() {
+    // Found by the `segment` fuzz target: a length below the limit but beyond the file's end was
+    // allocated (and zeroed) in full before the read came up short, and the reader's buffer
+    // kept that capacity.
+    let mut data = segment(&[(None, b"x")]);
+    let frame_start = HEADER.len();
+    data[frame_start + 3] = 0x04; // 64 MiB more than the frame has
+    let mut reader = &data[frame_start..];
+    let mut body = Vec::new();
+    assert!(matches!(read_frame(&mut reader, &mut body, MAX_BODY), Err(ReadError::Corrupt)));
+    assert!(body.capacity() < 64 * 1024, "capacity {}", body.capacity());
+}
+
+#[test]
 fn read_frame_streams_frames_and_reports_a_clean_end() {
     let data = segment(&[(Some(b"key"), b"payload"), (None, b"next")]);
     let mut reader = &data[HEADER.len()..];

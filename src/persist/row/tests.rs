@@ -1,3 +1,4 @@
+use chrono::TimeZone;
 use serde_json::json;
 
 use super::*;
@@ -55,6 +56,21 @@ fn event_times_are_read_from_rfc3339_and_epoch_numbers_of_any_unit() {
 }
 
 #[test]
+fn a_huge_number_is_no_event_time_rather_than_the_year_2262() {
+    // Found by the `row` fuzz target: nanoseconds were cast to one i64, which saturates, so any
+    // number beyond it (1e300, or milliseconds past 2262) became 2262-04-11, a believable year.
+    assert_eq!(event_time(&json!(1e300)), None);
+    assert_eq!(event_time(&json!(-1e300)), None);
+    let year_3000 = Utc.with_ymd_and_hms(3000, 1, 1, 0, 0, 0).single().expect("a time");
+    assert_eq!(event_time(&json!(year_3000.timestamp())), Some(year_3000), "seconds of a year past 2262");
+    assert_eq!(event_time(&json!(year_3000.timestamp_millis())), Some(year_3000), "milliseconds too");
+    // Found by the fuzz target in the first form of this fix, which split f64 nanoseconds in
+    // f64: the quotient rounded up while the remainder did not, a second off.
+    let seconds = 17_803_152_050;
+    assert_eq!(event_time(&json!(seconds)), DateTime::from_timestamp(seconds, 0));
+}
+
+#[test]
 fn levels_are_lower_cased_and_numeric_levels_named() {
     assert_eq!(level(&json!("WARN")).as_deref(), Some("warn"));
     assert_eq!(level(&json!(50)).as_deref(), Some("error"));
@@ -83,6 +99,34 @@ fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_i
     assert_eq!(letter.reason, "nul_character");
     // An escaped backslash followed by "u0000" is not a NUL character.
     assert!(matches!(parse(Some(&envelope("json", r#"{"k":"a\\u0000"}"#)), origin()), Parsed::Row(_)));
+}
+
+#[test]
+fn a_nul_in_a_record_nested_deeper_than_serde_json_builds_is_a_dead_letter() {
+    // Found by the `row` fuzz target: the NUL check built the record as a tree, which serde_json
+    // refuses past 128 levels, so such a record became a row; its derived message (read all
+    // the same) carried the NUL into a text column, and `jsonb` refuses the escape too.
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    for record in [format!(r#"{{"msg":"a\u0000b","x":{deep}}}"#), format!(r#"{{"x":{deep},"y":["\u0000"]}}"#)] {
+        let Parsed::Dead(letter) = parse(Some(&envelope("json", &record)), origin()) else {
+            panic!("a dead letter for {record}")
+        };
+        assert_eq!(letter.reason, "nul_character");
+    }
+    let record = format!(r#"{{"msg":"a\\u0000b","x":{deep}}}"#);
+    assert!(matches!(parse(Some(&envelope("json", &record)), origin()), Parsed::Row(_)), "an escaped backslash");
+}
+
+#[test]
+fn a_nul_in_the_envelope_id_or_pod_fields_is_a_dead_letter() {
+    // Found by the `row` fuzz target: only the record was checked, so a NUL in the id or a pod
+    // field reached a text column of the row.
+    let good = String::from_utf8(envelope("json", r#"{"msg":"ok"}"#)).expect("utf-8");
+    for bad in [good.replace(r#""id":"i-1""#, r#""id":"i-\u00001""#), good.replace(r#""web""#, r#""w\u0000eb""#)] {
+        let Parsed::Dead(letter) = parse(Some(bad.as_bytes()), origin()) else { panic!("a dead letter for {bad}") };
+        assert_eq!(letter.reason, "nul_character");
+        assert!(!letter.error.contains('\0'));
+    }
 }
 
 #[test]
