@@ -37,7 +37,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -146,12 +146,11 @@ impl PersistError {
     /// True when PostgreSQL refused the data itself (a data exception, a constraint, a value too
     /// large): retrying the same rows cannot succeed. Connection and server errors are not.
     pub fn is_rejected_data(&self) -> bool {
-        match self {
-            PersistError::Postgres(error) => {
-                error.code().is_some_and(|code| ["22", "23", "54"].contains(&code.code().get(..2).unwrap_or_default()))
-            }
-            _ => false,
-        }
+        let code = match self {
+            PersistError::Postgres(error) => error.code().map(tokio_postgres::error::SqlState::code),
+            _ => None,
+        };
+        code.is_some_and(|code| ["22", "23", "54"].contains(&code.get(..2).unwrap_or_default()))
     }
 }
 
@@ -330,7 +329,7 @@ pub async fn run(
     let result = async {
         let mut writers = Vec::with_capacity(config.persist.writers);
         for _ in 0..config.persist.writers {
-            let Some(writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
+            let Some(writer) = connect_writer(&Postgres(&config), &database_ok, &shutdown).await? else {
                 return Ok(());
             };
             writers.push(writer);
@@ -347,7 +346,14 @@ pub async fn run(
             tasks.service("lag", lag_stop.clone(), report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
         let probe = probe_database(config.postgres.clone(), database_ok.clone(), background.clone());
         let probe = tasks.service("database probe", background.clone(), probe);
-        let run = Run { config: &config, running: &running, consumer: &consumer, database_ok: &database_ok, lag: &lag };
+        let run = Run {
+            config: &config,
+            running: &running,
+            consumer: consumer.as_ref(),
+            database: &Postgres(&config),
+            database_ok: &database_ok,
+            lag: &lag,
+        };
         // Not spawned (it borrows the run), but watched: a panicking lane starts the drain, and
         // only offsets of committed batches were stored.
         tasks.watch("consume", consume(&run, writers, &shutdown)).await;
@@ -420,22 +426,81 @@ fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, drainin
     })
 }
 
+/// The database as batching sees it: where writers come from. [`Postgres`] in production, the
+/// model test's fake PostgreSQL (`model.rs`) in tests.
+trait Database {
+    type Writer: BatchWriter;
+    /// One attempt to connect a writer ([`connect_writer`] retries).
+    async fn connect(&self) -> Result<Self::Writer, PersistError>;
+}
+
+/// One writer's transactions, as batching sees them ([`Writer`] in production).
+trait BatchWriter {
+    /// Writes rows and dead letters in one transaction (see [`Writer::write`]).
+    async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<writer::Written, PersistError>;
+    /// False once the connection has failed; the caller reconnects.
+    fn is_usable(&self) -> bool;
+}
+
+/// The consumer as batching sees it: messages in, offsets stored ([`PersistConsumer`] in
+/// production).
+trait Source {
+    type Message<'a>: Message
+    where
+        Self: 'a;
+    async fn recv(&self) -> KafkaResult<Self::Message<'_>>;
+    /// Stores the next offset per partition (see [`store_offsets`]).
+    fn store(&self, next_offsets: &BTreeMap<(String, i32), i64>);
+}
+
+/// The configured PostgreSQL.
+struct Postgres<'a>(&'a Config);
+
+impl Database for Postgres<'_> {
+    type Writer = Writer;
+
+    /// Connects, migrates and prepares a writer.
+    async fn connect(&self) -> Result<Writer, PersistError> {
+        let config = self.0;
+        let mut client = writer::connect(&config.postgres).await?;
+        // Cheap when there is nothing to do, and guarded by an advisory lock.
+        schema::migrate(&mut client, &config.postgres.schema).await?;
+        schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
+        Writer::new(client).await
+    }
+}
+
+impl BatchWriter for Writer {
+    async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<writer::Written, PersistError> {
+        Writer::write(self, rows, dead).await
+    }
+
+    fn is_usable(&self) -> bool {
+        Writer::is_usable(self)
+    }
+}
+
+impl Source for PersistConsumer {
+    type Message<'a> = BorrowedMessage<'a>;
+
+    async fn recv(&self) -> KafkaResult<BorrowedMessage<'_>> {
+        StreamConsumer::recv(self).await
+    }
+
+    fn store(&self, next_offsets: &BTreeMap<(String, i32), i64>) {
+        store_offsets(self, next_offsets);
+    }
+}
+
 /// Connects, migrates and prepares a writer, retrying until it works or shutdown begins.
-async fn connect_writer(
-    config: &Config,
+async fn connect_writer<D: Database>(
+    database: &D,
     database_ok: &AtomicBool,
     shutdown: &CancellationToken,
-) -> Result<Option<Writer>, PersistError> {
+) -> Result<Option<D::Writer>, PersistError> {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let attempt = async {
-            let mut client = writer::connect(&config.postgres).await?;
-            // Cheap when there is nothing to do, and guarded by an advisory lock.
-            schema::migrate(&mut client, &config.postgres.schema).await?;
-            schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
-            Writer::new(client).await
-        };
-        match attempt.await {
+        match database.connect().await {
             Ok(writer) => {
                 database_ok.store(true, Ordering::Relaxed);
                 return Ok(Some(writer));
@@ -560,11 +625,13 @@ fn add_closing(batch: &mut Batch, parsed: Parsed, origin: &Origin, bytes: usize,
 }
 
 /// What the consume loop and the batch writer share for one run.
-struct Run<'a> {
+struct Run<'a, D, C> {
     config: &'a Config,
     /// The running config: batch limits may change with a reload.
     running: &'a std::sync::RwLock<Config>,
-    consumer: &'a PersistConsumer,
+    consumer: &'a C,
+    /// Where a writer whose connection failed gets a new one.
+    database: &'a D,
     database_ok: &'a AtomicBool,
     lag: &'a LagClock,
 }
@@ -573,7 +640,7 @@ struct Run<'a> {
 /// lane (so its batches commit, and its offsets are stored, in order), at most one batch waiting
 /// per lane. On shutdown the batches in hand are handed over and written until the drain deadline;
 /// what is not committed by then is re-read by the partition's next owner.
-async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationToken) {
+async fn consume<D: Database, C: Source>(run: &Run<'_, D, C>, writers: Vec<D::Writer>, shutdown: &CancellationToken) {
     let drain_deadline = CancellationToken::new();
     let mut senders = Vec::with_capacity(writers.len());
     let mut lanes = Vec::with_capacity(writers.len());
@@ -599,8 +666,8 @@ async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationTok
 /// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full (by
 /// records or by bytes, see [`add_closing`]) or its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
 /// the consumer is not polled meanwhile.
-async fn read_batches(
-    run: &Run<'_>,
+async fn read_batches<D, C: Source>(
+    run: &Run<'_, D, C>,
     lanes: Vec<tokio::sync::mpsc::Sender<Batch>>,
     shutdown: &CancellationToken,
     drain_deadline: &CancellationToken,
@@ -681,9 +748,9 @@ fn lane_of(partition: i32, lanes: usize) -> usize {
 
 /// One writer: writes the batches handed to it, in order, until its lane is closed (shutdown) or
 /// the drain deadline interrupts a batch's retries.
-async fn write_lane(
-    run: &Run<'_>,
-    mut writer: Writer,
+async fn write_lane<D: Database, C: Source>(
+    run: &Run<'_, D, C>,
+    mut writer: D::Writer,
     mut batches: tokio::sync::mpsc::Receiver<Batch>,
     drain_deadline: &CancellationToken,
 ) {
@@ -705,8 +772,13 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// interrupted the retries (the batch's offsets are not stored: it will be re-read). Only errors
 /// that are not about the data are retried (PostgreSQL away, a lock timeout): what PostgreSQL
 /// refuses is isolated and set aside, so a batch is never retried unchanged forever.
-async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToken, mut batch: Batch) -> bool {
-    let Run { config, consumer, database_ok, lag, .. } = *run;
+async fn write_batch<D: Database, C: Source>(
+    run: &Run<'_, D, C>,
+    writer: &mut D::Writer,
+    stop: &CancellationToken,
+    mut batch: Batch,
+) -> bool {
+    let Run { config, consumer, database, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     crate::lifecycle::fail_point("persist_write");
     loop {
@@ -751,7 +823,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                 }
                 lag.persisted(&committed.rows);
                 lag.stored(&batch.next_offsets);
-                store_offsets(consumer, &batch.next_offsets);
+                consumer.store(&batch.next_offsets);
                 return true;
             }
             Err(error) => {
@@ -759,7 +831,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                 error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
                 if !writer.is_usable() {
                     database_ok.store(false, Ordering::Relaxed);
-                    match connect_writer(config, database_ok, stop).await {
+                    match connect_writer(database, database_ok, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
                         Err(error) => {
@@ -797,7 +869,7 @@ fn window(config: &Config) -> row::Window {
 /// What commits moves to `batch.committed`. Any other error returns at once with what has not
 /// committed back in `batch.rows` and `batch.dead`, for the caller to retry: the committed parts
 /// are neither written nor counted twice.
-async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<(), PersistError> {
+async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Result<(), PersistError> {
     let whole = match writer.write(&batch.rows, &batch.dead).await {
         Ok(written) => {
             let part = Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) };
