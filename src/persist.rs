@@ -54,6 +54,8 @@ pub mod schema;
 pub mod writer;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 use row::{DeadLetter, Origin, Parsed, Row};
@@ -112,6 +114,16 @@ pub enum PersistError {
     /// A task failed (panicked, or ended before it was asked to stop); the persister drained.
     #[error("tasks failed: {}", .0.join("; "))]
     TasksFailed(Vec<String>),
+    /// The model test's fake PostgreSQL answering with a SQLSTATE (a `tokio_postgres::Error`
+    /// carrying one cannot be made outside that crate).
+    #[cfg(test)]
+    #[error("postgres (fake) ERROR {code}: {message}")]
+    Fake {
+        /// The SQLSTATE.
+        code: &'static str,
+        /// The server's message.
+        message: String,
+    },
 }
 
 /// tokio-postgres says only "db error"; the server's message, code and constraint are what an
@@ -148,6 +160,8 @@ impl PersistError {
     pub fn is_rejected_data(&self) -> bool {
         let code = match self {
             PersistError::Postgres(error) => error.code().map(tokio_postgres::error::SqlState::code),
+            #[cfg(test)]
+            PersistError::Fake { code, .. } => Some(*code),
             _ => None,
         };
         code.is_some_and(|code| ["22", "23", "54"].contains(&code.get(..2).unwrap_or_default()))
@@ -675,6 +689,8 @@ async fn read_batches<D, C: Source>(
     let Run { consumer, running, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
+    // Closed batches whose hand-over shutdown interrupted: handed over first below.
+    let mut unsent: Vec<(usize, Batch)> = Vec::new();
     'reading: loop {
         let (limits, max_wait) = {
             let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -719,21 +735,27 @@ async fn read_batches<D, C: Source>(
                     .collect()
             }
         };
-        for (lane, batch) in ready {
+        let mut ready = ready.into_iter();
+        while let Some((lane, batch)) = ready.next() {
             tokio::select! {
                 biased;
-                sent = lanes[lane].send(batch) => {
-                    if sent.is_err() {
-                        break 'reading; // the writer stopped: shutting down
-                    }
+                permit = lanes[lane].reserve() => match permit {
+                    Ok(permit) => permit.send(batch),
+                    Err(_) => break 'reading, // the writer stopped: shutting down
+                },
+                _ = shutdown.cancelled() => {
+                    unsent.push((lane, batch));
+                    unsent.extend(ready);
+                    break 'reading;
                 }
-                _ = shutdown.cancelled() => break 'reading,
             }
         }
     }
-    // Shutting down with records in hand: hand them over so their offsets can be committed.
-    // (A batch whose hand-over shutdown interrupted is dropped unstored: it is re-read.)
-    for (lane, batch) in batches.into_iter().enumerate().filter(|(_, batch)| batch.len() > 0) {
+    // Shutting down with records in hand: hand them over so their offsets can be committed —
+    // closed batches not yet handed over first, so a partition's batches still commit in order
+    // (dropping one would let the batch in hand after it store offsets past its records).
+    let in_hand = batches.into_iter().enumerate().filter(|(_, batch)| batch.len() > 0);
+    for (lane, batch) in unsent.into_iter().chain(in_hand) {
         tokio::select! {
             _ = lanes[lane].send(batch) => {}
             _ = drain_deadline.cancelled() => break,
