@@ -12,7 +12,8 @@
 //! Counting under redelivery: `sluice_persist_rows_written_total` and
 //! `sluice_persist_dead_letters_total` count what PostgreSQL reports inserting, so a redelivered
 //! row or dead letter counts once (as `sluice_persist_rows_duplicate_total`, or not at all); the
-//! parts an isolation committed before an error not about the data are not written again.
+//! parts an isolation committed before an error not about the data are not written again, and
+//! are counted as they commit (so also when the drain's deadline cuts their batch off).
 //! `sluice_persist_records_lost_total` has nothing stored to compare with: a redelivered message
 //! PostgreSQL refuses again is counted again. The ingest-time window is applied at each delivery,
 //! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
@@ -539,8 +540,6 @@ async fn connect_writer<D: Database>(
 struct Batch {
     rows: Vec<Row>,
     dead: Vec<DeadLetter>,
-    /// Dead letters PostgreSQL refused too, with its error: counted and logged, not stored.
-    lost: Vec<(DeadLetter, String)>,
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
@@ -552,31 +551,39 @@ struct Batch {
     committed: Committed,
 }
 
-/// The committed parts of a batch, counted from what PostgreSQL reported inserting.
+/// The committed parts of a batch.
 #[derive(Default)]
 struct Committed {
     rows: Vec<Row>,
-    /// Rows inserted (`inserted` of each transaction).
-    inserted: u64,
-    /// Rows that were already stored (redelivered records).
-    duplicates: u64,
-    /// Dead letters these transactions stored.
-    letters: Vec<DeadLetter>,
-    /// Dead letters that were already stored (a redelivery), so not counted again.
-    letters_already_stored: u64,
 }
 
 impl Committed {
+    /// Counts a part as it commits, from what PostgreSQL reported inserting (a redelivered row is
+    /// a duplicate, a redelivered dead letter is not counted again) — not when the whole batch
+    /// has: a batch the drain's deadline cuts off after parts of it committed leaves those rows
+    /// in PostgreSQL, and its next reader finds them already stored.
     fn add(&mut self, part: Part, written: writer::Written) {
-        self.inserted += written.inserted;
-        self.duplicates += written.duplicates;
+        metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
+        metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
         self.rows.extend(part.rows);
+        let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut letters_already_stored = 0;
         for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
             if stored {
-                self.letters.push(letter);
+                *by_reason.entry(letter.reason).or_default() += 1;
+                warn!(
+                    topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                    reason = letter.reason, "message kept in dead_letters"
+                );
             } else {
-                self.letters_already_stored += 1;
+                letters_already_stored += 1;
             }
+        }
+        for (reason, letters) in by_reason {
+            metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
+        }
+        if letters_already_stored > 0 {
+            debug!(letters = letters_already_stored, "dead letters already stored (redelivered)");
         }
     }
 }
@@ -812,36 +819,10 @@ async fn write_batch<D: Database, C: Source>(
                 let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
-                metrics::counter!(telemetry::PERSIST_ROWS).increment(committed.inserted);
-                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(committed.duplicates);
                 let committed_ms = chrono::Utc::now().timestamp_millis();
                 let row_latency = metrics::histogram!(telemetry::PERSIST_ROW_LATENCY);
                 for row in &committed.rows {
                     row_latency.record((committed_ms - row.ingest_time.timestamp_millis()).max(0) as f64 / 1000.0);
-                }
-                // Counted from what was inserted: a redelivered dead letter is not counted again.
-                let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-                for letter in &committed.letters {
-                    *by_reason.entry(letter.reason).or_default() += 1;
-                    warn!(
-                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                        reason = letter.reason, "message kept in dead_letters"
-                    );
-                }
-                for (reason, letters) in by_reason {
-                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
-                }
-                if committed.letters_already_stored > 0 {
-                    debug!(letters = committed.letters_already_stored, "dead letters already stored (redelivered)");
-                }
-                for (letter, error) in &batch.lost {
-                    metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected")
-                        .increment(1);
-                    error!(
-                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                        reason = letter.reason, %error,
-                        "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
-                    );
                 }
                 lag.persisted(&committed.rows);
                 lag.stored(&batch.next_offsets);
@@ -940,7 +921,13 @@ async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Re
             if plain.error != letter.error {
                 pending.push((Part { rows: Vec::new(), dead: vec![plain] }, None));
             } else {
-                batch.lost.push((letter, refused));
+                // Counted here, not when the batch has committed, like the parts (Committed::add).
+                metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected").increment(1);
+                error!(
+                    topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                    reason = letter.reason, error = %refused,
+                    "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
+                );
             }
         }
     }
