@@ -146,6 +146,7 @@ enum Fault {
     ConnectionLost,
 }
 
+/// One step; every sequence ends with shutdown.
 #[derive(Debug, Clone)]
 enum Op {
     /// These messages arrive on this partition.
@@ -155,7 +156,7 @@ enum Op {
     /// Every write and connection attempt fails until `PostgresUp`.
     PostgresDown,
     PostgresUp,
-    /// The write attempt this many attempts from now fails.
+    /// The write attempt this many attempts from now (of those PostgreSQL answers) fails.
     FailWrite(u8, Fault),
     /// The partition is revoked: its stored offset is committed, later stores are refused.
     Revoke(i32),
