@@ -12,7 +12,8 @@
 //! Counting under redelivery: `sluice_persist_rows_written_total` and
 //! `sluice_persist_dead_letters_total` count what PostgreSQL reports inserting, so a redelivered
 //! row or dead letter counts once (as `sluice_persist_rows_duplicate_total`, or not at all); the
-//! parts an isolation committed before an error not about the data are not written again.
+//! parts an isolation committed before an error not about the data are not written again, and
+//! are counted as they commit (so also when the drain's deadline cuts their batch off).
 //! `sluice_persist_records_lost_total` has nothing stored to compare with: a redelivered message
 //! PostgreSQL refuses again is counted again. The ingest-time window is applied at each delivery,
 //! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
@@ -37,7 +38,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +54,8 @@ pub mod row;
 pub mod schema;
 pub mod writer;
 
+#[cfg(test)]
+mod model;
 #[cfg(test)]
 mod tests;
 
@@ -112,6 +115,16 @@ pub enum PersistError {
     /// A task failed (panicked, or ended before it was asked to stop); the persister drained.
     #[error("tasks failed: {}", .0.join("; "))]
     TasksFailed(Vec<String>),
+    /// The model test's fake PostgreSQL answering with a SQLSTATE (a `tokio_postgres::Error`
+    /// carrying one cannot be made outside that crate).
+    #[cfg(test)]
+    #[error("postgres (fake) ERROR {code}: {message}")]
+    Fake {
+        /// The SQLSTATE.
+        code: &'static str,
+        /// The server's message.
+        message: String,
+    },
 }
 
 /// tokio-postgres says only "db error"; the server's message, code and constraint are what an
@@ -146,12 +159,13 @@ impl PersistError {
     /// True when PostgreSQL refused the data itself (a data exception, a constraint, a value too
     /// large): retrying the same rows cannot succeed. Connection and server errors are not.
     pub fn is_rejected_data(&self) -> bool {
-        match self {
-            PersistError::Postgres(error) => {
-                error.code().is_some_and(|code| ["22", "23", "54"].contains(&code.code().get(..2).unwrap_or_default()))
-            }
-            _ => false,
-        }
+        let code = match self {
+            PersistError::Postgres(error) => error.code().map(tokio_postgres::error::SqlState::code),
+            #[cfg(test)]
+            PersistError::Fake { code, .. } => Some(*code),
+            _ => None,
+        };
+        code.is_some_and(|code| ["22", "23", "54"].contains(&code.get(..2).unwrap_or_default()))
     }
 }
 
@@ -330,7 +344,7 @@ pub async fn run(
     let result = async {
         let mut writers = Vec::with_capacity(config.persist.writers);
         for _ in 0..config.persist.writers {
-            let Some(writer) = connect_writer(&config, &database_ok, &shutdown).await? else {
+            let Some(writer) = connect_writer(&Postgres(&config), &database_ok, &shutdown).await? else {
                 return Ok(());
             };
             writers.push(writer);
@@ -347,7 +361,14 @@ pub async fn run(
             tasks.service("lag", lag_stop.clone(), report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
         let probe = probe_database(config.postgres.clone(), database_ok.clone(), background.clone());
         let probe = tasks.service("database probe", background.clone(), probe);
-        let run = Run { config: &config, running: &running, consumer: &consumer, database_ok: &database_ok, lag: &lag };
+        let run = Run {
+            config: &config,
+            running: &running,
+            consumer: consumer.as_ref(),
+            database: &Postgres(&config),
+            database_ok: &database_ok,
+            lag: &lag,
+        };
         // Not spawned (it borrows the run), but watched: a panicking lane starts the drain, and
         // only offsets of committed batches were stored.
         tasks.watch("consume", consume(&run, writers, &shutdown)).await;
@@ -420,22 +441,81 @@ fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, drainin
     })
 }
 
+/// The database as batching sees it: where writers come from. [`Postgres`] in production, the
+/// model test's fake PostgreSQL (`model.rs`) in tests.
+trait Database {
+    type Writer: BatchWriter;
+    /// One attempt to connect a writer ([`connect_writer`] retries).
+    async fn connect(&self) -> Result<Self::Writer, PersistError>;
+}
+
+/// One writer's transactions, as batching sees them ([`Writer`] in production).
+trait BatchWriter {
+    /// Writes rows and dead letters in one transaction (see [`Writer::write`]).
+    async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<writer::Written, PersistError>;
+    /// False once the connection has failed; the caller reconnects.
+    fn is_usable(&self) -> bool;
+}
+
+/// The consumer as batching sees it: messages in, offsets stored ([`PersistConsumer`] in
+/// production).
+trait Source {
+    type Message<'a>: Message
+    where
+        Self: 'a;
+    async fn recv(&self) -> KafkaResult<Self::Message<'_>>;
+    /// Stores the next offset per partition (see [`store_offsets`]).
+    fn store(&self, next_offsets: &BTreeMap<(String, i32), i64>);
+}
+
+/// The configured PostgreSQL.
+struct Postgres<'a>(&'a Config);
+
+impl Database for Postgres<'_> {
+    type Writer = Writer;
+
+    /// Connects, migrates and prepares a writer.
+    async fn connect(&self) -> Result<Writer, PersistError> {
+        let config = self.0;
+        let mut client = writer::connect(&config.postgres).await?;
+        // Cheap when there is nothing to do, and guarded by an advisory lock.
+        schema::migrate(&mut client, &config.postgres.schema).await?;
+        schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
+        Writer::new(client).await
+    }
+}
+
+impl BatchWriter for Writer {
+    async fn write(&mut self, rows: &[Row], dead: &[DeadLetter]) -> Result<writer::Written, PersistError> {
+        Writer::write(self, rows, dead).await
+    }
+
+    fn is_usable(&self) -> bool {
+        Writer::is_usable(self)
+    }
+}
+
+impl Source for PersistConsumer {
+    type Message<'a> = BorrowedMessage<'a>;
+
+    async fn recv(&self) -> KafkaResult<BorrowedMessage<'_>> {
+        StreamConsumer::recv(self).await
+    }
+
+    fn store(&self, next_offsets: &BTreeMap<(String, i32), i64>) {
+        store_offsets(self, next_offsets);
+    }
+}
+
 /// Connects, migrates and prepares a writer, retrying until it works or shutdown begins.
-async fn connect_writer(
-    config: &Config,
+async fn connect_writer<D: Database>(
+    database: &D,
     database_ok: &AtomicBool,
     shutdown: &CancellationToken,
-) -> Result<Option<Writer>, PersistError> {
+) -> Result<Option<D::Writer>, PersistError> {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let attempt = async {
-            let mut client = writer::connect(&config.postgres).await?;
-            // Cheap when there is nothing to do, and guarded by an advisory lock.
-            schema::migrate(&mut client, &config.postgres.schema).await?;
-            schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
-            Writer::new(client).await
-        };
-        match attempt.await {
+        match database.connect().await {
             Ok(writer) => {
                 database_ok.store(true, Ordering::Relaxed);
                 return Ok(Some(writer));
@@ -460,8 +540,6 @@ async fn connect_writer(
 struct Batch {
     rows: Vec<Row>,
     dead: Vec<DeadLetter>,
-    /// Dead letters PostgreSQL refused too, with its error: counted and logged, not stored.
-    lost: Vec<(DeadLetter, String)>,
     /// Next offset to store per (topic, partition): last offset in the batch + 1.
     next_offsets: BTreeMap<(String, i32), i64>,
     started: Option<Instant>,
@@ -473,31 +551,39 @@ struct Batch {
     committed: Committed,
 }
 
-/// The committed parts of a batch, counted from what PostgreSQL reported inserting.
+/// The committed parts of a batch.
 #[derive(Default)]
 struct Committed {
     rows: Vec<Row>,
-    /// Rows inserted (`inserted` of each transaction).
-    inserted: u64,
-    /// Rows that were already stored (redelivered records).
-    duplicates: u64,
-    /// Dead letters these transactions stored.
-    letters: Vec<DeadLetter>,
-    /// Dead letters that were already stored (a redelivery), so not counted again.
-    letters_already_stored: u64,
 }
 
 impl Committed {
+    /// Counts a part as it commits, from what PostgreSQL reported inserting (a redelivered row is
+    /// a duplicate, a redelivered dead letter is not counted again) — not when the whole batch
+    /// has: a batch the drain's deadline cuts off after parts of it committed leaves those rows
+    /// in PostgreSQL, and its next reader finds them already stored.
     fn add(&mut self, part: Part, written: writer::Written) {
-        self.inserted += written.inserted;
-        self.duplicates += written.duplicates;
+        metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
+        metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
         self.rows.extend(part.rows);
+        let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut letters_already_stored = 0;
         for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
             if stored {
-                self.letters.push(letter);
+                *by_reason.entry(letter.reason).or_default() += 1;
+                warn!(
+                    topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                    reason = letter.reason, "message kept in dead_letters"
+                );
             } else {
-                self.letters_already_stored += 1;
+                letters_already_stored += 1;
             }
+        }
+        for (reason, letters) in by_reason {
+            metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
+        }
+        if letters_already_stored > 0 {
+            debug!(letters = letters_already_stored, "dead letters already stored (redelivered)");
         }
     }
 }
@@ -560,11 +646,13 @@ fn add_closing(batch: &mut Batch, parsed: Parsed, origin: &Origin, bytes: usize,
 }
 
 /// What the consume loop and the batch writer share for one run.
-struct Run<'a> {
+struct Run<'a, D, C> {
     config: &'a Config,
     /// The running config: batch limits may change with a reload.
     running: &'a std::sync::RwLock<Config>,
-    consumer: &'a PersistConsumer,
+    consumer: &'a C,
+    /// Where a writer whose connection failed gets a new one.
+    database: &'a D,
     database_ok: &'a AtomicBool,
     lag: &'a LagClock,
 }
@@ -573,7 +661,7 @@ struct Run<'a> {
 /// lane (so its batches commit, and its offsets are stored, in order), at most one batch waiting
 /// per lane. On shutdown the batches in hand are handed over and written until the drain deadline;
 /// what is not committed by then is re-read by the partition's next owner.
-async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationToken) {
+async fn consume<D: Database, C: Source>(run: &Run<'_, D, C>, writers: Vec<D::Writer>, shutdown: &CancellationToken) {
     let drain_deadline = CancellationToken::new();
     let mut senders = Vec::with_capacity(writers.len());
     let mut lanes = Vec::with_capacity(writers.len());
@@ -599,8 +687,8 @@ async fn consume(run: &Run<'_>, writers: Vec<Writer>, shutdown: &CancellationTok
 /// Consumes and fills one batch per lane; hands a batch to its lane's writer when it is full (by
 /// records or by bytes, see [`add_closing`]) or its first record has waited `batch_max_wait`. Waiting for a busy writer is the backpressure:
 /// the consumer is not polled meanwhile.
-async fn read_batches(
-    run: &Run<'_>,
+async fn read_batches<D, C: Source>(
+    run: &Run<'_, D, C>,
     lanes: Vec<tokio::sync::mpsc::Sender<Batch>>,
     shutdown: &CancellationToken,
     drain_deadline: &CancellationToken,
@@ -608,6 +696,8 @@ async fn read_batches(
     let Run { consumer, running, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
     let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
+    // Closed batches whose hand-over shutdown interrupted: handed over first below.
+    let mut unsent: Vec<(usize, Batch)> = Vec::new();
     'reading: loop {
         let (limits, max_wait) = {
             let running = running.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -652,21 +742,27 @@ async fn read_batches(
                     .collect()
             }
         };
-        for (lane, batch) in ready {
+        let mut ready = ready.into_iter();
+        while let Some((lane, batch)) = ready.next() {
             tokio::select! {
                 biased;
-                sent = lanes[lane].send(batch) => {
-                    if sent.is_err() {
-                        break 'reading; // the writer stopped: shutting down
-                    }
+                permit = lanes[lane].reserve() => match permit {
+                    Ok(permit) => permit.send(batch),
+                    Err(_) => break 'reading, // the writer stopped: shutting down
+                },
+                _ = shutdown.cancelled() => {
+                    unsent.push((lane, batch));
+                    unsent.extend(ready);
+                    break 'reading;
                 }
-                _ = shutdown.cancelled() => break 'reading,
             }
         }
     }
-    // Shutting down with records in hand: hand them over so their offsets can be committed.
-    // (A batch whose hand-over shutdown interrupted is dropped unstored: it is re-read.)
-    for (lane, batch) in batches.into_iter().enumerate().filter(|(_, batch)| batch.len() > 0) {
+    // Shutting down with records in hand: hand them over so their offsets can be committed —
+    // closed batches not yet handed over first, so a partition's batches still commit in order
+    // (dropping one would let the batch in hand after it store offsets past its records).
+    let in_hand = batches.into_iter().enumerate().filter(|(_, batch)| batch.len() > 0);
+    for (lane, batch) in unsent.into_iter().chain(in_hand) {
         tokio::select! {
             _ = lanes[lane].send(batch) => {}
             _ = drain_deadline.cancelled() => break,
@@ -681,9 +777,9 @@ fn lane_of(partition: i32, lanes: usize) -> usize {
 
 /// One writer: writes the batches handed to it, in order, until its lane is closed (shutdown) or
 /// the drain deadline interrupts a batch's retries.
-async fn write_lane(
-    run: &Run<'_>,
-    mut writer: Writer,
+async fn write_lane<D: Database, C: Source>(
+    run: &Run<'_, D, C>,
+    mut writer: D::Writer,
     mut batches: tokio::sync::mpsc::Receiver<Batch>,
     drain_deadline: &CancellationToken,
 ) {
@@ -705,8 +801,13 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// interrupted the retries (the batch's offsets are not stored: it will be re-read). Only errors
 /// that are not about the data are retried (PostgreSQL away, a lock timeout): what PostgreSQL
 /// refuses is isolated and set aside, so a batch is never retried unchanged forever.
-async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToken, mut batch: Batch) -> bool {
-    let Run { config, consumer, database_ok, lag, .. } = *run;
+async fn write_batch<D: Database, C: Source>(
+    run: &Run<'_, D, C>,
+    writer: &mut D::Writer,
+    stop: &CancellationToken,
+    mut batch: Batch,
+) -> bool {
+    let Run { config, consumer, database, database_ok, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     crate::lifecycle::fail_point("persist_write");
     loop {
@@ -718,40 +819,14 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                 let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
-                metrics::counter!(telemetry::PERSIST_ROWS).increment(committed.inserted);
-                metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(committed.duplicates);
                 let committed_ms = chrono::Utc::now().timestamp_millis();
                 let row_latency = metrics::histogram!(telemetry::PERSIST_ROW_LATENCY);
                 for row in &committed.rows {
                     row_latency.record((committed_ms - row.ingest_time.timestamp_millis()).max(0) as f64 / 1000.0);
                 }
-                // Counted from what was inserted: a redelivered dead letter is not counted again.
-                let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
-                for letter in &committed.letters {
-                    *by_reason.entry(letter.reason).or_default() += 1;
-                    warn!(
-                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                        reason = letter.reason, "message kept in dead_letters"
-                    );
-                }
-                for (reason, letters) in by_reason {
-                    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
-                }
-                if committed.letters_already_stored > 0 {
-                    debug!(letters = committed.letters_already_stored, "dead letters already stored (redelivered)");
-                }
-                for (letter, error) in &batch.lost {
-                    metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected")
-                        .increment(1);
-                    error!(
-                        topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                        reason = letter.reason, %error,
-                        "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
-                    );
-                }
                 lag.persisted(&committed.rows);
                 lag.stored(&batch.next_offsets);
-                store_offsets(consumer, &batch.next_offsets);
+                consumer.store(&batch.next_offsets);
                 return true;
             }
             Err(error) => {
@@ -759,7 +834,7 @@ async fn write_batch(run: &Run<'_>, writer: &mut Writer, stop: &CancellationToke
                 error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
                 if !writer.is_usable() {
                     database_ok.store(false, Ordering::Relaxed);
-                    match connect_writer(config, database_ok, stop).await {
+                    match connect_writer(database, database_ok, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
                         Err(error) => {
@@ -797,7 +872,7 @@ fn window(config: &Config) -> row::Window {
 /// What commits moves to `batch.committed`. Any other error returns at once with what has not
 /// committed back in `batch.rows` and `batch.dead`, for the caller to retry: the committed parts
 /// are neither written nor counted twice.
-async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<(), PersistError> {
+async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Result<(), PersistError> {
     let whole = match writer.write(&batch.rows, &batch.dead).await {
         Ok(written) => {
             let part = Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) };
@@ -846,7 +921,13 @@ async fn write_isolating(writer: &mut Writer, batch: &mut Batch) -> Result<(), P
             if plain.error != letter.error {
                 pending.push((Part { rows: Vec::new(), dead: vec![plain] }, None));
             } else {
-                batch.lost.push((letter, refused));
+                // Counted here, not when the batch has committed, like the parts (Committed::add).
+                metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected").increment(1);
+                error!(
+                    topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
+                    reason = letter.reason, error = %refused,
+                    "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
+                );
             }
         }
     }
