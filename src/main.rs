@@ -334,7 +334,11 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
         tokio::select! {
             result = work => {
                 // The last word: what this process counted, also after the last scrape.
-                tracing::info!(counters = telemetry::final_counts(&scrape.render()), "final counts");
+                tracing::info!(
+                    target: telemetry::FINAL_COUNTS_TARGET,
+                    counters = telemetry::final_counts(&scrape.render()),
+                    "final counts"
+                );
                 result.map(|()| ExitCode::SUCCESS)
             }
             _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),

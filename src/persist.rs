@@ -13,9 +13,13 @@
 //! `sluice_persist_dead_letters_total` count what PostgreSQL reports inserting, so a redelivered
 //! row or dead letter counts once (as `sluice_persist_rows_duplicate_total`, or not at all); the
 //! parts an isolation committed before an error not about the data are not written again, and
-//! are counted as they commit (so also when the drain's deadline cuts their batch off).
+//! are counted as they commit (so also when the drain's deadline cuts their batch off). One
+//! part is not: a transaction whose COMMIT is in flight when the deadline drops the write. If
+//! PostgreSQL applied it, its rows are stored but counted by nobody here; whoever re-reads them
+//! counts them as `sluice_persist_rows_duplicate_total` (dead letters: not at all).
 //! `sluice_persist_records_lost_total` has nothing stored to compare with: a redelivered message
-//! PostgreSQL refuses again is counted again. The ingest-time window is applied at each delivery,
+//! PostgreSQL refuses again is counted again — also one set aside in a batch the drain's deadline
+//! then cut off (counted when it was set aside, and again when it is re-read). The ingest-time window is applied at each delivery,
 //! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
 //! row stored before the crash (until retention drops that day's partition), or a row after an
 //! `ingest_time_in_future` dead letter (`dead_letters` has no retention).

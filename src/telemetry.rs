@@ -358,10 +358,23 @@ pub fn register_persist_series() {
 /// Changes the log filter of a running process (config reload).
 pub struct LogHandle(tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>);
 
+/// The target of the "final counts" line a process logs as its last word: enabled at INFO
+/// whatever `log.level` says, since a count that only a debug level shows is a count lost.
+pub const FINAL_COUNTS_TARGET: &str = "sluice::final_counts";
+
+/// The filter for `log.level`, with the final counts always on.
+fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|error| error.to_string())?;
+    let always = format!("{FINAL_COUNTS_TARGET}=info")
+        .parse()
+        .map_err(|error: tracing_subscriber::filter::ParseError| error.to_string())?;
+    Ok(filter.add_directive(always))
+}
+
 impl LogHandle {
     /// Applies a new `log.level` directive.
     pub fn set_level(&self, level: &str) -> Result<(), String> {
-        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|error| error.to_string())?;
+        let filter = log_filter(level)?;
         self.0.reload(filter).map_err(|error| error.to_string())
     }
 }
@@ -375,8 +388,7 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
 
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = log_filter(&config.level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let terminal = std::io::stderr().is_terminal();
     let json = match config.format {
@@ -395,7 +407,37 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
 
 #[cfg(test)]
 mod tests {
-    use super::final_counts;
+    use std::sync::{Arc, Mutex};
+
+    use super::{FINAL_COUNTS_TARGET, final_counts, log_filter};
+
+    #[test]
+    fn the_final_counts_are_logged_whatever_the_level() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("captured").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(log_filter("error").expect("filter"))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("an ordinary line");
+            tracing::info!(target: FINAL_COUNTS_TARGET, counters = "sluice_x_total 1", "final counts");
+        });
+        let text = String::from_utf8(captured.0.lock().expect("captured").clone()).expect("utf-8");
+        assert!(text.contains("final counts"), "{text}");
+        assert!(!text.contains("an ordinary line"), "{text}");
+    }
 
     #[test]
     fn final_counts_keep_every_counter_and_nothing_else() {

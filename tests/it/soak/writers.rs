@@ -36,6 +36,9 @@ pub struct AckedOutcome {
     pub connections: u64,
     /// Longest time from a record's write to its ACK.
     pub max_ack_wait: Duration,
+    /// Acknowledgement lines the protocol does not allow (an ACK beyond what was sent, a NAK
+    /// of a record already settled): each a failure of the soak.
+    pub violations: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -123,6 +126,8 @@ async fn run_acked(
             async move {
                 let mut upto = 0usize;
                 let mut max_wait = Duration::ZERO;
+                // A line the protocol does not allow is a finding, not a reason to resend.
+                let mut violation = None;
                 while let Ok(Some(line)) = lines.next_line().await {
                     let mut words = line.split_whitespace();
                     let (kind, number) = (words.next(), words.next().and_then(|n| n.parse::<usize>().ok()));
@@ -138,13 +143,18 @@ async fn run_acked(
                             }
                             upto = upto.max(n);
                         }
-                        (Some("NAK"), Some(n)) if (1..=sent.len()).contains(&n) => {
+                        (Some("NAK"), Some(n)) if n > upto && n <= sent.len() && settled[n - 1].is_none() => {
                             settled[n - 1] = Some(Try::Naked(words.next().unwrap_or("").to_string()));
                         }
-                        _ => panic!("unexpected acknowledgement line: {line}"),
+                        _ => {
+                            violation.get_or_insert(format!(
+                                "{line:?} after ACK {upto} with {} records sent on the connection",
+                                sent.len()
+                            ));
+                        }
                     }
                 }
-                max_wait
+                (max_wait, violation)
             }
         });
         let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -187,7 +197,16 @@ async fn run_acked(
         let _ = write.shutdown().await;
         // The agent closes once every record of the connection is settled (or it dies).
         let max_wait = tokio::select! {
-            result = reader => result.unwrap_or_default(),
+            result = reader => match result {
+                Ok((max_wait, violation)) => {
+                    outcome.violations.extend(violation);
+                    max_wait
+                }
+                Err(error) => {
+                    outcome.violations.push(format!("the acknowledgement reader failed: {error}"));
+                    Duration::ZERO
+                }
+            },
             _ = give_up.cancelled() => Duration::ZERO,
         };
         outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
