@@ -38,6 +38,8 @@ use crate::config::Config;
 use crate::telemetry;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 /// How often librdkafka reports its statistics (mapped to `sluice_kafka_*` metrics).

@@ -225,6 +225,15 @@ pub struct Spool {
     state: Mutex<State>,
 }
 
+/// Test seam: a record's state in the ledger ([`Spool::ledger`]).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ledger {
+    InMemory,
+    DiskOnly,
+    Finished,
+}
+
 /// Records dropped with their segment under `when_full = "drop_oldest"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DroppedSegment {
@@ -589,6 +598,21 @@ impl Spool {
             }
         }
         (lost, skipped_bytes)
+    }
+
+    /// Test seam: where the ledger has the record at `pos` (`None`: no segment on the books
+    /// has it).
+    #[cfg(test)]
+    pub(crate) fn ledger(&self, pos: SpoolPos) -> Option<Ledger> {
+        let state = self.lock();
+        let segment = state.segments.get(&pos.segment)?;
+        Some(if segment.finished.get(pos.index) {
+            Ledger::Finished
+        } else if segment.in_memory.get(pos.index) {
+            Ledger::InMemory
+        } else {
+            Ledger::DiskOnly
+        })
     }
 
     /// A reader of disk-only records.
