@@ -293,16 +293,9 @@ impl Kafka {
 
 /// The spool writer: idle between steps, or still in a write (waiting for disk room, say).
 enum Slot {
-    Idle(Spooler),
-    Busy(tokio::task::JoinHandle<Spooler>, Writing),
+    Idle(Box<Spooler>),
+    Busy(tokio::task::JoinHandle<Box<Spooler>>),
     Gone,
-}
-
-/// What the model remembers of a write it started.
-struct Writing {
-    segment: u64,
-    fsync_errors: u64,
-    on_disk: BTreeSet<u64>,
 }
 
 struct Writer {
@@ -325,6 +318,16 @@ struct Agent {
     writers: Vec<Writer>,
     give_up: CancellationToken,
     fsync: Fsync,
+}
+
+/// What a crash left for the check after it.
+struct Crashed {
+    /// The records on disk before the damage.
+    before: BTreeSet<u64>,
+    /// Corrupt regions recovery found.
+    corrupt: u64,
+    /// False if the damage cannot be told from a file never written further.
+    detectable: bool,
 }
 
 /// What a push reports: the record, and how its push ended.
@@ -363,7 +366,7 @@ impl Agent {
         let agent = Agent {
             kafka: Kafka::new(&buffer),
             reader: Some(spool.reader()),
-            spooler: Slot::Idle(Spooler::new(buffer.clone(), writer, case.fsync)),
+            spooler: Slot::Idle(Box::new(Spooler::new(buffer.clone(), writer, case.fsync))),
             spool,
             buffer,
             prefer_backlog: true,
@@ -405,12 +408,12 @@ impl Agent {
     }
 
     /// Collects a finished write, if one ran.
-    async fn reap(&mut self) -> Option<(Spooler, Writing)> {
-        if !matches!(&self.spooler, Slot::Busy(handle, _) if handle.is_finished()) {
+    async fn reap(&mut self) -> Option<Box<Spooler>> {
+        if !matches!(&self.spooler, Slot::Busy(handle) if handle.is_finished()) {
             return None;
         }
-        let Slot::Busy(handle, writing) = std::mem::replace(&mut self.spooler, Slot::Gone) else { unreachable!() };
-        Some((handle.await.expect("spool writer step"), writing))
+        let Slot::Busy(handle) = std::mem::replace(&mut self.spooler, Slot::Gone) else { unreachable!() };
+        Some(handle.await.expect("spool writer step"))
     }
 }
 
@@ -520,9 +523,8 @@ struct Run<'a> {
     metrics: Metrics,
     log: PushLog,
     next_id: u64,
-    /// Set by a crash for the check after it: the records on disk before, and the corrupt
-    /// regions recovery found.
-    crashed: Option<(BTreeSet<u64>, u64)>,
+    /// Set by a crash for the check after it.
+    crashed: Option<Crashed>,
 }
 
 impl<'a> Run<'a> {
@@ -648,49 +650,37 @@ impl<'a> Run<'a> {
     fn spool(&mut self) {
         let Slot::Idle(_) = &self.agent.spooler else { return };
         let Slot::Idle(mut spooler) = std::mem::replace(&mut self.agent.spooler, Slot::Gone) else { unreachable!() };
-        let writing = Writing {
-            segment: spooler.writer().end().segment,
-            fsync_errors: self.fsync_errors(),
-            on_disk: scan_dir(self.dir.path()).into_keys().collect(),
-        };
         let give_up = self.agent.give_up.clone();
         let handle = tokio::spawn(async move {
             spooler.write_intake(&give_up).await;
             spooler
         });
-        self.agent.spooler = Slot::Busy(handle, writing);
+        self.agent.spooler = Slot::Busy(handle);
     }
 
-    /// `sluice_spool_errors_total{op="write"}`.
-    fn write_errors(&self) -> u64 {
-        let text = self.metrics.0.render();
-        text.lines()
-            .filter(|line| line.starts_with(telemetry::SPOOL_ERRORS) && line.contains("op=\"write\""))
-            .filter_map(|line| line.rsplit_once(' ').and_then(|(_, value)| value.parse::<f64>().ok()))
-            .sum::<f64>() as u64
-    }
-
-    fn fsync_errors(&self) -> u64 {
-        self.metrics.get(telemetry::SPOOL_ERRORS, None) - self.write_errors()
-    }
-
-    /// A finished write: under `always`, if an fsync failed in it, the records its first append
-    /// wrote (into the segment active when it started) were not made durable by it.
+    /// A finished write: no record an fsync failure left unsynced (the bytes written since the
+    /// last sync that worked) may have been acknowledged as spooled before its delivery.
     async fn reap(&mut self) -> Result<(), TestCaseError> {
-        let Some((spooler, writing)) = self.agent.reap().await else { return Ok(()) };
+        let Some(mut spooler) = self.agent.reap().await else { return Ok(()) };
+        let failed = spooler.writer().take_failed_syncs();
         self.agent.spooler = Slot::Idle(spooler);
-        if self.agent.fsync == Fsync::Always && self.fsync_errors() > writing.fsync_errors {
-            for (id, positions) in scan_dir(self.dir.path()) {
-                if writing.on_disk.contains(&id) || !positions.iter().any(|pos| pos.segment == writing.segment) {
-                    continue;
-                }
-                if let Some(rec) = self.model.records.get_mut(&id) {
-                    rec.unsynced = true;
-                    prop_assert!(
-                        !(rec.acked && rec.state != State::Delivered && WRITERS[rec.writer] == Some(AckPoint::Spooled)),
-                        "record {id} was acknowledged as spooled, but the fsync covering it failed"
-                    );
-                }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        for (id, positions) in scan_dir(self.dir.path()) {
+            let covered = positions.iter().any(|pos| {
+                failed.iter().any(|(segment, from, to)| pos.segment == *segment && (*from..*to).contains(&pos.offset))
+            });
+            if !covered {
+                continue;
+            }
+            if let Some(rec) = self.model.records.get_mut(&id) {
+                rec.unsynced = true;
+                prop_assert!(
+                    !(rec.acked && rec.state != State::Delivered && WRITERS[rec.writer] == Some(AckPoint::Spooled)),
+                    "record {} was acknowledged as spooled, but the fsync covering it failed",
+                    id
+                );
             }
         }
         Ok(())
@@ -752,11 +742,19 @@ impl<'a> Run<'a> {
             .filter_map(|entry| entry.ok().map(|entry| entry.path()))
             .filter(|path| path.extension().is_some_and(|ext| ext == "seg"))
             .max();
+        // A file cut where a frame ends (or to nothing, or to its header) looks like one that was
+        // never written further: what it lost cannot be told from what never was.
+        let mut detectable = true;
         if let Some(last) = last {
             let mut data = std::fs::read(&last).expect("segment");
             match damage {
                 Damage::None => {}
-                Damage::Truncate(at) if !data.is_empty() => data.truncate(at % data.len()),
+                Damage::Truncate(at) if !data.is_empty() => {
+                    let at = at % data.len();
+                    let report = segment::scan(&data);
+                    detectable = at != 0 && at != segment::HEADER.len() && report.frames.iter().all(|f| f.end != at);
+                    data.truncate(at);
+                }
                 Damage::Flip(at) if !data.is_empty() => {
                     let at = at % data.len();
                     data[at] ^= 0xFF;
@@ -767,7 +765,7 @@ impl<'a> Run<'a> {
         }
         let corrupt = self.restart().await;
         *self.model.counted.entry("corrupt").or_default() += corrupt;
-        self.crashed = Some((before, corrupt));
+        self.crashed = Some(Crashed { before, corrupt, detectable });
         Ok(())
     }
 
@@ -786,7 +784,7 @@ impl<'a> Run<'a> {
         //    at the deadline it gives up what it could not write.
         let spooler = match std::mem::replace(&mut self.agent.spooler, Slot::Gone) {
             Slot::Idle(spooler) => spooler,
-            Slot::Busy(mut handle, _) => match tokio::time::timeout_at(deadline, &mut handle).await {
+            Slot::Busy(mut handle) => match tokio::time::timeout_at(deadline, &mut handle).await {
                 Ok(spooler) => spooler.expect("spool writer step"),
                 Err(_) => {
                     self.agent.give_up.cancel();
@@ -847,7 +845,7 @@ impl<'a> Run<'a> {
     /// Stops the agent's tasks: pushes (their connections are gone) and a write under way.
     async fn stop(&mut self) {
         self.stop_writers().await;
-        if let Slot::Busy(handle, _) = std::mem::replace(&mut self.agent.spooler, Slot::Gone) {
+        if let Slot::Busy(handle) = std::mem::replace(&mut self.agent.spooler, Slot::Gone) {
             handle.abort();
             let _ = handle.await;
         }
@@ -1039,7 +1037,10 @@ impl<'a> Run<'a> {
         for id in &vanished {
             let rec = self.model.records.get_mut(id).expect("known");
             match &crashed {
-                Some((before, _)) if before.contains(id) => rec.state = State::Dropped("corrupt"),
+                Some(crashed) if crashed.before.contains(id) && crashed.detectable => {
+                    rec.state = State::Dropped("corrupt")
+                }
+                Some(crashed) if crashed.before.contains(id) => rec.state = State::LostInCrash,
                 Some(_) => {
                     prop_assert!(
                         !rec.acked || rec.orphan,
@@ -1055,7 +1056,7 @@ impl<'a> Run<'a> {
                 }
             }
         }
-        if let Some((before, corrupt)) = &crashed {
+        if let Some(Crashed { before, corrupt, detectable: true }) = &crashed {
             let damaged = vanished.iter().filter(|id| before.contains(id)).count();
             prop_assert!(damaged == 0 || *corrupt > 0, "{} records lost to damage, none counted corrupt", damaged);
         }
