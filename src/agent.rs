@@ -268,7 +268,7 @@ impl Stages {
 /// buffer, or accepted but never written to the spool, or held in memory after `drop_oldest`
 /// deleted their segment) and counted as `drain_timeout`; with a disk buffer, spooled records
 /// not yet acknowledged stay in the spool for the next start.
-fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
+pub(crate) fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
     let (lost, in_spool) = match buffer.spool() {
         Some(spool) => (buffer.queued_intake() as u64 + spool.orphaned(), spool.undelivered()),
         None => (buffer.held_records() as u64, 0),

@@ -769,6 +769,16 @@ impl Buffer {
         }
     }
 
+    /// Test seam: every record waiting in memory, with the queue it waits in (`"intake"`,
+    /// `"retry"`, `"fresh"`).
+    #[cfg(test)]
+    pub(crate) fn peek(&self, mut each: impl FnMut(&'static str, &Record)) {
+        let queues = self.lock();
+        for (name, queue) in [("intake", &queues.intake), ("retry", &queues.retry), ("fresh", &queues.fresh)] {
+            queue.iter().for_each(|record| each(name, record));
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queues> {
         // A panic while holding this lock can only come from VecDeque itself (allocation
         // failure aborts); recover the data rather than poison every later caller.

@@ -38,6 +38,8 @@ use crate::config::Config;
 use crate::telemetry;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 /// How often librdkafka reports its statistics (mapped to `sluice_kafka_*` metrics).
@@ -183,6 +185,14 @@ pub struct InFlight {
     ack: Option<Ack>,
 }
 
+impl InFlight {
+    /// A record as it goes to the producer: its payload and key, and what travels with it.
+    fn new(record: Record) -> (Bytes, Option<Bytes>, Box<InFlight>) {
+        let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
+        (payload, key, Box::new(InFlight { lease, retries, pos, ingest_ms, ack }))
+    }
+}
+
 impl ShipContext {
     /// The record is stored in Kafka, or given up for good: release it everywhere.
     fn settle(&self, in_flight: InFlight, refused: Option<&'static str>) {
@@ -234,20 +244,38 @@ impl ShipContext {
     }
 }
 
-impl ProducerContext for ShipContext {
-    type DeliveryOpaque = Box<InFlight>;
+/// A delivery report, as the producer boundary hands it over: stored in Kafka (the payload's
+/// length), or failed with librdkafka's error and the message it hands back (payload and key,
+/// so the buffer need not keep a copy of records in flight).
+pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Option<&'a [u8]>)>;
 
-    /// Runs on the producer's polling thread, never on a reader task.
-    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        match result {
-            Ok(message) => {
+impl ShipContext {
+    /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own.
+    fn new(buffer: Buffer) -> Self {
+        Self {
+            buffer,
+            delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
+            delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
+            retried: metrics::counter!(telemetry::SHIP_RETRIED),
+            latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
+            errors: Arc::default(),
+            fatal: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Decides a record's fate from its delivery report: acknowledged, back into the buffer
+    /// (retryable), or given up and counted. Everything [`ProducerContext::delivery`] does past
+    /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
+    fn report(&self, report: Report<'_>, in_flight: InFlight) {
+        match report {
+            Ok(payload_len) => {
                 self.delivered.increment(1);
-                self.delivered_bytes.increment(message.payload_len() as u64);
+                self.delivered_bytes.increment(payload_len as u64);
                 let latency_ms = (chrono::Utc::now().timestamp_millis() as u64).saturating_sub(in_flight.ingest_ms);
                 self.latency.record(latency_ms as f64 / 1000.0);
-                self.settle(*in_flight, None);
+                self.settle(in_flight, None);
             }
-            Err((error, message)) => {
+            Err((error, payload, key)) => {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
                 match classify(error) {
@@ -255,10 +283,10 @@ impl ProducerContext for ShipContext {
                         // librdkafka hands back the payload, so the buffer need not keep a copy
                         // of records in flight.
                         self.retried.increment(1);
-                        let InFlight { lease, retries, pos, ingest_ms, ack } = *in_flight;
+                        let InFlight { lease, retries, pos, ingest_ms, ack } = in_flight;
                         self.buffer.requeue(Record {
-                            payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
-                            key: message.key().map(Bytes::copy_from_slice),
+                            payload: Bytes::copy_from_slice(payload.unwrap_or_default()),
+                            key: key.map(Bytes::copy_from_slice),
                             lease,
                             retries: retries.saturating_add(1),
                             pos,
@@ -269,11 +297,24 @@ impl ProducerContext for ShipContext {
                     Disposition::GiveUp => {
                         error!(%error, reason, "kafka refused a record; it is dropped and counted");
                         metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
-                        self.settle(*in_flight, Some(give_up_reason(error)));
+                        self.settle(in_flight, Some(give_up_reason(error)));
                     }
                 }
             }
         }
+    }
+}
+
+impl ProducerContext for ShipContext {
+    type DeliveryOpaque = Box<InFlight>;
+
+    /// Runs on the producer's polling thread, never on a reader task.
+    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
+        let report = match result {
+            Ok(message) => Ok(message.payload_len()),
+            Err((error, message)) => Err((error, message.payload(), message.key())),
+        };
+        self.report(report, *in_flight);
     }
 }
 
@@ -354,15 +395,7 @@ impl Shipper {
     /// A producer with a fatal flag of its own: a retiring producer's late errors never mark
     /// its replacement.
     fn create(client: &ClientConfig, buffer: &Buffer) -> Result<Producer_, ShipError> {
-        let context = ShipContext {
-            buffer: buffer.clone(),
-            delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
-            delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
-            retried: metrics::counter!(telemetry::SHIP_RETRIED),
-            latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
-            errors: Arc::default(),
-            fatal: Arc::new(AtomicBool::new(false)),
-        };
+        let context = ShipContext::new(buffer.clone());
         Ok(client.create_with_context(context)?)
     }
 
@@ -484,12 +517,12 @@ impl Shipper {
     /// Reads one chunk of the backlog from the spool and sends it.
     async fn ship_backlog(
         &self,
-        mut reader: SpoolReader,
+        reader: SpoolReader,
         from: SpoolPos,
         upto: SpoolPos,
         stop: &CancellationToken,
     ) -> SpoolReader {
-        let Some(mut lease) = self.buffer.try_backlog_lease() else {
+        let Some(lease) = self.buffer.try_backlog_lease() else {
             // No room now: what holds it is in flight (wait for its reports) or in memory (the
             // other lane sends it). Either way, come back shortly.
             tokio::select! {
@@ -498,94 +531,16 @@ impl Shipper {
             }
             return reader;
         };
-        let (chunk, records) = (lease.bytes(), lease.records());
-        let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
-        let (reader, result) = tokio::task::spawn_blocking(move || {
-            let result = reader.read(from, upto, records, payload_budget);
-            (reader, result)
-        })
-        .await
-        .expect("spool reads do not panic");
-        let batch = match result {
-            Ok(batch) => batch,
-            Err(error) => {
-                metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "read").increment(1);
-                error!(%error, "cannot read the spool backlog; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                return reader;
-            }
-        };
-        if batch.corrupt_regions > 0 {
-            metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt")
-                .increment(batch.corrupt_records);
-            metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
-            self.buffer.notify_settled();
-        }
-        let mut records = batch.records.into_iter();
-        // Nothing taken from the lease yet: a record that does not fit it now never will.
-        let mut untouched = true;
-        while let Some(record) = records.next() {
-            let cost = self.buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
-            if untouched && cost > lease.bytes() {
-                // Spooled under an earlier config with a larger `max_record_size`: larger than
-                // any lease (and than `message.max.bytes`, set from the same limit). Put back, it
-                // would come first in every read, for ever; it is given up and counted instead.
-                self.too_large_for_this_config(record.pos, cost);
-                continue;
-            }
-            let Some(lease) = self.buffer.split_lease(&mut lease, cost) else {
-                // The chunk was sized for the payload budget; a record that does not fit goes
-                // back to the backlog with the rest (read again next time).
-                let rest: Vec<_> = std::iter::once(record).chain(records).map(|record| (record.pos, None)).collect();
-                if let Some(spool) = self.buffer.spool() {
-                    let lost = spool.evicted(rest);
-                    if lost > 0 {
-                        metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
-                            .increment(lost);
-                    }
-                }
-                break;
-            };
-            untouched = false;
-            let record = Record {
-                payload: record.payload,
-                key: record.key,
-                lease,
-                retries: 0,
-                pos: Some(record.pos),
-                ingest_ms: record.ingest_ms,
-                ack: None,
-            };
+        let (reader, records, _rest) = read_backlog(&self.buffer, reader, lease, from, upto).await;
+        for record in records {
             self.send(record, stop).await;
         }
         reader
     }
 
-    /// A spooled record larger than the current config lets any record be: finished in the
-    /// spool and counted as librdkafka would refuse it (`message_size_too_large`).
-    fn too_large_for_this_config(&self, pos: SpoolPos, cost: usize) {
-        error!(
-            segment = pos.segment,
-            index = pos.index,
-            cost,
-            "a spooled record is larger than max_record_size now allows; given up and counted"
-        );
-        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "message_size_too_large").increment(1);
-        if let Some(spool) = self.buffer.spool() {
-            // The spool writer's housekeeping deletes the segment once it is done (file I/O is
-            // not for a runtime worker).
-            let (_, parked) = spool.done(pos);
-            if let Some(ack) = parked {
-                ack.refused("message_size_too_large");
-            }
-        }
-        self.buffer.notify_settled();
-    }
-
     async fn send(&self, record: Record, stop: &CancellationToken) {
-        let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
+        let (payload, key, in_flight) = InFlight::new(record);
         let mut producer = self.producer();
-        let in_flight = Box::new(InFlight { lease, retries, pos, ingest_ms, ack });
         let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);
@@ -663,4 +618,97 @@ impl Shipper {
             error!("closing the kafka producer did not run to its end");
         }
     }
+}
+
+/// One chunk of the backlog, read from the spool (on the blocking pool) within `lease`: the
+/// records to send, each with its share of the lease cut out, and what is left of the lease
+/// (held until they are sent, as one read's chunk always was). A record no lease can hold is
+/// given up and counted; one that does not fit what is left goes back to the backlog.
+async fn read_backlog(
+    buffer: &Buffer,
+    mut reader: SpoolReader,
+    mut lease: Lease,
+    from: SpoolPos,
+    upto: SpoolPos,
+) -> (SpoolReader, Vec<Record>, Lease) {
+    let (chunk, records) = (lease.bytes(), lease.records());
+    let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
+    let (reader, result) = tokio::task::spawn_blocking(move || {
+        let result = reader.read(from, upto, records, payload_budget);
+        (reader, result)
+    })
+    .await
+    .expect("spool reads do not panic");
+    let batch = match result {
+        Ok(batch) => batch,
+        Err(error) => {
+            metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "read").increment(1);
+            error!(%error, "cannot read the spool backlog; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return (reader, Vec::new(), lease);
+        }
+    };
+    if batch.corrupt_regions > 0 {
+        metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(batch.corrupt_records);
+        metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
+        buffer.notify_settled();
+    }
+    let mut records = batch.records.into_iter();
+    let mut out = Vec::new();
+    // Nothing taken from the lease yet: a record that does not fit it now never will.
+    let mut untouched = true;
+    while let Some(record) = records.next() {
+        let cost = buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
+        if untouched && cost > lease.bytes() {
+            // Spooled under an earlier config with a larger `max_record_size`: larger than
+            // any lease (and than `message.max.bytes`, set from the same limit). Put back, it
+            // would come first in every read, for ever; it is given up and counted instead.
+            too_large_for_this_config(buffer, record.pos, cost);
+            continue;
+        }
+        let Some(lease) = buffer.split_lease(&mut lease, cost) else {
+            // The chunk was sized for the payload budget; a record that does not fit goes
+            // back to the backlog with the rest (read again next time).
+            let rest: Vec<_> = std::iter::once(record).chain(records).map(|record| (record.pos, None)).collect();
+            if let Some(spool) = buffer.spool() {
+                let lost = spool.evicted(rest);
+                if lost > 0 {
+                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                }
+            }
+            break;
+        };
+        untouched = false;
+        out.push(Record {
+            payload: record.payload,
+            key: record.key,
+            lease,
+            retries: 0,
+            pos: Some(record.pos),
+            ingest_ms: record.ingest_ms,
+            ack: None,
+        });
+    }
+    (reader, out, lease)
+}
+
+/// A spooled record larger than the current config lets any record be: finished in the
+/// spool and counted as librdkafka would refuse it (`message_size_too_large`).
+fn too_large_for_this_config(buffer: &Buffer, pos: SpoolPos, cost: usize) {
+    error!(
+        segment = pos.segment,
+        index = pos.index,
+        cost,
+        "a spooled record is larger than max_record_size now allows; given up and counted"
+    );
+    metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "message_size_too_large").increment(1);
+    if let Some(spool) = buffer.spool() {
+        // The spool writer's housekeeping deletes the segment once it is done (file I/O is
+        // not for a runtime worker).
+        let (_, parked) = spool.done(pos);
+        if let Some(ack) = parked {
+            ack.refused("message_size_too_large");
+        }
+    }
+    buffer.notify_settled();
 }

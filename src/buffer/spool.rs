@@ -225,6 +225,15 @@ pub struct Spool {
     state: Mutex<State>,
 }
 
+/// Test seam: a record's state in the ledger ([`Spool::ledger`]).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ledger {
+    InMemory,
+    DiskOnly,
+    Finished,
+}
+
 /// Records dropped with their segment under `when_full = "drop_oldest"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DroppedSegment {
@@ -591,6 +600,21 @@ impl Spool {
         (lost, skipped_bytes)
     }
 
+    /// Test seam: where the ledger has the record at `pos` (`None`: no segment on the books
+    /// has it).
+    #[cfg(test)]
+    pub(crate) fn ledger(&self, pos: SpoolPos) -> Option<Ledger> {
+        let state = self.lock();
+        let segment = state.segments.get(&pos.segment)?;
+        Some(if segment.finished.get(pos.index) {
+            Ledger::Finished
+        } else if segment.in_memory.get(pos.index) {
+            Ledger::InMemory
+        } else {
+            Ledger::DiskOnly
+        })
+    }
+
     /// A reader of disk-only records.
     pub fn reader(self: &Arc<Self>) -> SpoolReader {
         SpoolReader { spool: self.clone(), file: None, body: Vec::new(), failures: None }
@@ -690,6 +714,12 @@ pub struct SpoolWriter {
     /// See [`SpoolWriter::inject`].
     #[cfg(test)]
     faults: std::collections::VecDeque<(SpoolOp, u32, io::Error)>,
+    /// Test seam: where the active segment was last synced, and the byte ranges (segment, from,
+    /// to) an injected fsync failure left unsynced ([`SpoolWriter::take_failed_syncs`]).
+    #[cfg(test)]
+    synced_to: u64,
+    #[cfg(test)]
+    failed_syncs: Vec<(u64, u64, u64)>,
 }
 
 /// A sync of the active segment running off the write path ([`SpoolWriter::sync_due`]).
@@ -807,6 +837,10 @@ impl SpoolWriter {
             scratch: Vec::new(),
             #[cfg(test)]
             faults: std::collections::VecDeque::new(),
+            #[cfg(test)]
+            synced_to: HEADER.len() as u64,
+            #[cfg(test)]
+            failed_syncs: Vec::new(),
         })
     }
 
@@ -910,7 +944,11 @@ impl SpoolWriter {
             segment.sealed = true;
         }
         #[cfg(test)]
-        let next = Self { faults: std::mem::take(&mut self.faults), ..next };
+        let next = Self {
+            faults: std::mem::take(&mut self.faults),
+            failed_syncs: std::mem::take(&mut self.failed_syncs),
+            ..next
+        };
         *self = next;
         Ok(())
     }
@@ -919,9 +957,15 @@ impl SpoolWriter {
     pub fn sync(&mut self) -> io::Result<()> {
         if self.unsynced {
             if let Some(error) = self.fault(SpoolOp::Fsync) {
+                #[cfg(test)]
+                self.failed_syncs.push((self.segment, self.synced_to, self.offset));
                 return Err(error);
             }
             self.file.sync_data()?;
+            #[cfg(test)]
+            {
+                self.synced_to = self.offset;
+            }
             self.unsynced = false;
         }
         self.last_sync = Instant::now();
@@ -959,6 +1003,13 @@ impl SpoolWriter {
     #[cfg(test)]
     pub fn inject_after(&mut self, op: SpoolOp, passes: u32, error: io::Error) {
         self.faults.push_back((op, passes, error));
+    }
+
+    /// Test seam: the byte ranges (segment, from, to) that injected fsync failures left
+    /// unsynced since the last call: no record in them may be acknowledged as spooled.
+    #[cfg(test)]
+    pub fn take_failed_syncs(&mut self) -> Vec<(u64, u64, u64)> {
+        std::mem::take(&mut self.failed_syncs)
     }
 
     #[cfg(test)]

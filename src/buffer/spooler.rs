@@ -92,7 +92,7 @@ pub async fn run(
     info!("spool writer stopped");
 }
 
-struct Spooler {
+pub(crate) struct Spooler {
     buffer: Buffer,
     /// Taken while a blocking call uses it.
     writer: Option<SpoolWriter>,
@@ -390,6 +390,46 @@ impl Spooler {
                 self.errors.report(&error, 0, "records written since the last sync are acknowledged when delivered");
             }
         }
+    }
+}
+
+/// Test seam: the spool writer task's steps, one at a time (the model-based test drives them
+/// between its other operations; [`run`] is what runs them in production).
+#[cfg(test)]
+impl Spooler {
+    pub(crate) fn new(buffer: Buffer, writer: SpoolWriter, fsync: Fsync) -> Self {
+        Self { buffer, writer: Some(writer), fsync, errors: ErrorLog::default(), sync: None }
+    }
+
+    /// One turn of the loop's intake branch: up to a batch from the intake, written.
+    pub(crate) async fn write_intake(&mut self, give_up: &CancellationToken) {
+        let mut batch = Vec::new();
+        self.buffer.pop_intake_now(WRITE_BATCH, &mut batch);
+        if !batch.is_empty() {
+            self.write(batch, give_up).await;
+        }
+    }
+
+    /// One housekeeping tick, and the end of a sync it (or a write) started, if any.
+    pub(crate) async fn tick(&mut self) {
+        self.housekeeping().await;
+        if self.sync.is_some() {
+            let synced = sync_done(&mut self.sync).await;
+            self.sync_ended(synced);
+        }
+    }
+
+    pub(crate) fn writer(&mut self) -> &mut SpoolWriter {
+        self.writer.as_mut().expect("the writer is put back after every call")
+    }
+
+    /// The writer, for [`run`] (the drain), once no sync runs.
+    pub(crate) async fn into_writer(mut self) -> SpoolWriter {
+        if self.sync.is_some() {
+            let synced = sync_done(&mut self.sync).await;
+            self.sync_ended(synced);
+        }
+        self.writer.take().expect("the writer is put back after every call")
     }
 }
 
