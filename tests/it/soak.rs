@@ -96,6 +96,16 @@ impl Slot {
         self.logs.push(process.log.clone());
         self.process = Some(process);
         self.last_scrape = None;
+        // Until its admin server answers, a signal may come before the process installed its
+        // handlers (a SIGTERM would kill it without a drain or final counts): the next fault on
+        // it waits for that, a bounded while (a process that cannot start is the supervisor's).
+        let (admin, deadline) = (self.admin(), Instant::now() + Duration::from_secs(20));
+        while Instant::now() < deadline && self.process.as_mut().is_some_and(Process::running) {
+            if http_get(admin, "/healthz").await.is_ok_and(|(status, _)| status == 200) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGTERM, wait for the exit, keep the run's final counts.
