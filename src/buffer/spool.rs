@@ -295,7 +295,6 @@ impl Spool {
             let path = segment_path(&config.dir, *id);
             let (records, bytes, first_ingest_ms) = recover_segment(&path, &quarantine, &mut recovered)?;
             if records == 0 {
-                std::fs::remove_file(&path)?;
                 continue;
             }
             recovered.records += records;
@@ -307,7 +306,17 @@ impl Spool {
         state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
         let next = ids.last().map_or(0, |id| id + 1);
         let spool = Arc::new(Spool { config, quarantine, state: Mutex::new(state) });
-        let writer = SpoolWriter::create(spool.clone(), next)?;
+        let mut writer = SpoolWriter::pending(spool.clone(), next);
+        if let Err(error) = writer.start_segment() {
+            let error = SpoolIoError { op: SpoolOp::Write, error };
+            if !error.disk_full() {
+                return Err(error.error);
+            }
+            // A full disk is the spool's normal weather, not a reason to stay down (a crash loop
+            // with the app's socket gone): the first write makes the segment once there is
+            // room, and until then `when_full` decides.
+            warn!(segment = next, %error, "the spool's disk is full: its next segment is made once there is room");
+        }
         if recovered.records > 0 || recovered.corrupt_regions > 0 {
             info!(
                 records = recovered.records,
@@ -659,27 +668,82 @@ fn quarantine_suffix() -> String {
 }
 
 /// Checks every frame of a segment left by an earlier run. A damaged file is moved to the
-/// quarantine directory and replaced by a copy holding only its intact frames. Returns the
-/// intact record count and the file size.
+/// quarantine directory and replaced by a copy holding only its intact frames; one without
+/// records is deleted. Returns the intact record count and the file size (none and 0 when the
+/// file is no longer in the spool's ledger).
+///
+/// The copy needs room. On a disk too full for it (or any failure to make it) the file stays as
+/// it is and is read as it is: its records up to the first damage are delivered, and the reader
+/// counts the rest as `corrupt` when it meets the damage (a torn tail, what a kill mid-write
+/// leaves, loses nothing that way). A damaged file without one intact frame needs no copy: it
+/// is moved to the quarantine whole (or, when not even that can be done, left where it is).
 fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64, Option<u64>)> {
     let data = std::fs::read(path)?;
     let report = segment::scan(&data);
     let first_ingest_ms =
         report.frames.first().and_then(|range| segment::frame_at(&data, range.start)).map(|(frame, _)| frame.ingest_ms);
     if report.corrupt_regions == 0 {
+        if report.frames.is_empty() {
+            // Nothing in it (a header, or a file a crash left empty).
+            std::fs::remove_file(path)?;
+        }
         return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
     }
-    std::fs::create_dir_all(quarantine)?;
+    // A full disk may have no room for the quarantine directory either.
+    let quarantine_ready = std::fs::create_dir_all(quarantine);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let target = quarantine.join(format!("{name}.{}", quarantine_suffix()));
+    if report.frames.is_empty() {
+        recovered.corrupt_regions += report.corrupt_regions;
+        recovered.corrupt_bytes += report.corrupt_bytes;
+        match quarantine_ready.and_then(|()| std::fs::rename(path, &target)) {
+            Ok(()) => {
+                error!(
+                    segment = %path.display(),
+                    quarantined = %target.display(),
+                    corrupt_bytes = report.corrupt_bytes,
+                    "damaged spool segment without an intact record: moved to quarantine"
+                );
+                recovered.quarantined.push(target);
+            }
+            Err(error) => {
+                error!(
+                    segment = %path.display(),
+                    %error,
+                    corrupt_bytes = report.corrupt_bytes,
+                    "damaged spool segment without an intact record cannot be moved to quarantine: left in place, a later start moves it"
+                );
+                // Never deleted, and never read or numbered over (the next segment's number
+                // is above every file's).
+                return Ok((0, 0, None));
+            }
+        }
+        if let Some(dir) = path.parent() {
+            sync_dir(dir)?;
+        }
+        return Ok((0, 0, None));
+    }
     let mut clean = HEADER.to_vec();
     for range in &report.frames {
         clean.extend_from_slice(&data[range.clone()]);
     }
     let temporary = path.with_extension("seg.tmp");
-    std::fs::write(&temporary, &clean)?;
-    File::open(&temporary)?.sync_all()?;
-    std::fs::rename(path, &target)?;
+    let copied = quarantine_ready
+        .and_then(|()| std::fs::write(&temporary, &clean))
+        .and_then(|()| File::open(&temporary)?.sync_all())
+        .and_then(|()| std::fs::rename(path, &target));
+    if let Err(error) = copied {
+        let _ = std::fs::remove_file(&temporary);
+        // Not counted here: the reader counts the damage when it meets it.
+        error!(
+            segment = %path.display(),
+            %error,
+            corrupt_regions = report.corrupt_regions,
+            intact_records = report.frames.len(),
+            "damaged spool segment cannot be repaired (no room for its intact copy?): it is read as it is, and its records behind the first damage are counted as corrupt when the reader meets it"
+        );
+        return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
+    }
     std::fs::rename(&temporary, path)?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
@@ -701,7 +765,8 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
 /// Appends records to the active segment. One writer per spool; it lives on the blocking pool.
 pub struct SpoolWriter {
     spool: Arc<Spool>,
-    file: File,
+    /// The active segment's file; `None` until it could be made (a full disk at start).
+    file: Option<File>,
     /// Ingest time of the active segment's first record.
     first_ingest_ms: Option<u64>,
     segment: u64,
@@ -805,7 +870,43 @@ impl SpoolIoError {
 }
 
 impl SpoolWriter {
-    fn create(spool: Arc<Spool>, segment: u64) -> io::Result<Self> {
+    /// A writer whose active segment `segment` is not made yet ([`SpoolWriter::start_segment`]).
+    fn pending(spool: Arc<Spool>, segment: u64) -> Self {
+        Self {
+            spool,
+            file: None,
+            first_ingest_ms: None,
+            segment,
+            offset: HEADER.len() as u64,
+            index: 0,
+            unsynced: false,
+            last_sync: Instant::now(),
+            scratch: Vec::new(),
+            #[cfg(test)]
+            faults: std::collections::VecDeque::new(),
+            #[cfg(test)]
+            synced_to: HEADER.len() as u64,
+            #[cfg(test)]
+            failed_syncs: Vec::new(),
+        }
+    }
+
+    /// Makes the active segment's file, if it is not made yet. On failure nothing is left
+    /// behind and the next call tries again.
+    fn start_segment(&mut self) -> io::Result<()> {
+        if self.file.is_none() {
+            let file = match self.fault(SpoolOp::Write) {
+                Some(error) => Err(error),
+                None => Self::create_segment(&self.spool, self.segment),
+            }?;
+            self.file = Some(file);
+        }
+        Ok(())
+    }
+
+    /// Creates segment `segment` with its header (synced unless `fsync = "never"`) and enters
+    /// it in the ledger.
+    fn create_segment(spool: &Spool, segment: u64) -> io::Result<File> {
         let path = segment_path(&spool.config.dir, segment);
         let mut file = OpenOptions::new().create_new(true).write(true).open(&path)?;
         let started = file.write_all(HEADER).and_then(|()| {
@@ -820,28 +921,10 @@ impl SpoolWriter {
             let _ = std::fs::remove_file(&path);
             return Err(error);
         }
-        {
-            let mut state = spool.lock();
-            state.segments.insert(segment, SegmentState { bytes: HEADER.len() as u64, ..SegmentState::default() });
-            state.disk_bytes += HEADER.len() as u64;
-        }
-        Ok(Self {
-            spool,
-            file,
-            first_ingest_ms: None,
-            segment,
-            offset: HEADER.len() as u64,
-            index: 0,
-            unsynced: false,
-            last_sync: Instant::now(),
-            scratch: Vec::new(),
-            #[cfg(test)]
-            faults: std::collections::VecDeque::new(),
-            #[cfg(test)]
-            synced_to: HEADER.len() as u64,
-            #[cfg(test)]
-            failed_syncs: Vec::new(),
-        })
+        let mut state = spool.lock();
+        state.segments.insert(segment, SegmentState { bytes: HEADER.len() as u64, ..SegmentState::default() });
+        state.disk_bytes += HEADER.len() as u64;
+        Ok(file)
     }
 
     /// The position the next record will get.
@@ -862,6 +945,11 @@ impl SpoolWriter {
         // Positions covered by a successful sync in this call.
         let mut synced = 0;
         self.scratch.clear();
+        if !records.is_empty()
+            && let Err(error) = self.start_segment()
+        {
+            return out.failed(SpoolOp::Write, error, synced, self.spool.config.fsync);
+        }
         for Entry { ingest_ms, key, payload } in records {
             let len = segment::frame_len(*key, payload) as u64;
             if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
@@ -907,9 +995,16 @@ impl SpoolWriter {
             return Ok(());
         }
         let start = self.offset - self.scratch.len() as u64;
-        if let Err(error) = self.fault(SpoolOp::Write).map_or_else(|| self.file.write_all(&self.scratch), Err) {
-            let _ = self.file.set_len(start);
-            let _ = self.file.seek(SeekFrom::Start(start));
+        let written = match (self.fault(SpoolOp::Write), self.file.as_mut()) {
+            (Some(error), _) => Err(error),
+            (None, Some(file)) => file.write_all(&self.scratch),
+            (None, None) => Err(io::Error::other("the spool's active segment is not made")),
+        };
+        if let Err(error) = written {
+            if let Some(file) = self.file.as_mut() {
+                let _ = file.set_len(start);
+                let _ = file.seek(SeekFrom::Start(start));
+            }
             self.offset = start;
             self.index -= records as u32;
             self.scratch.clear();
@@ -939,17 +1034,21 @@ impl SpoolWriter {
         }
         // The next segment first: if it cannot be made, this one stays active (and unsealed:
         // a sealed segment whose records are all finished is deleted).
-        let next = Self::create(self.spool.clone(), self.segment + 1).map_err(|error| (SpoolOp::Write, error))?;
+        let file = Self::create_segment(&self.spool, self.segment + 1).map_err(|error| (SpoolOp::Write, error))?;
         if let Some(segment) = self.spool.lock().segments.get_mut(&self.segment) {
             segment.sealed = true;
         }
+        self.file = Some(file);
+        self.segment += 1;
+        self.first_ingest_ms = None;
+        self.offset = HEADER.len() as u64;
+        self.index = 0;
+        self.unsynced = false;
+        self.last_sync = Instant::now();
         #[cfg(test)]
-        let next = Self {
-            faults: std::mem::take(&mut self.faults),
-            failed_syncs: std::mem::take(&mut self.failed_syncs),
-            ..next
-        };
-        *self = next;
+        {
+            self.synced_to = HEADER.len() as u64;
+        }
         Ok(())
     }
 
@@ -961,7 +1060,9 @@ impl SpoolWriter {
                 self.failed_syncs.push((self.segment, self.synced_to, self.offset));
                 return Err(error);
             }
-            self.file.sync_data()?;
+            if let Some(file) = &self.file {
+                file.sync_data()?;
+            }
             #[cfg(test)]
             {
                 self.synced_to = self.offset;
@@ -978,7 +1079,8 @@ impl SpoolWriter {
     pub fn sync_due(&mut self) -> io::Result<Option<PendingSync>> {
         match self.spool.config.fsync {
             Fsync::Interval(every) if self.unsynced && self.last_sync.elapsed() >= every => {
-                let file = self.file.try_clone()?;
+                let Some(file) = &self.file else { return Ok(None) };
+                let file = file.try_clone()?;
                 self.unsynced = false;
                 self.last_sync = Instant::now();
                 Ok(Some(PendingSync { file, fault: self.fault(SpoolOp::Fsync) }))

@@ -618,3 +618,110 @@ async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_th
     assert!(agent.wait(Duration::from_secs(20)).await.success());
     drop(filesystem);
 }
+
+/// Writes a file into `dir` until the disk it is on has no room left.
+fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).expect("filler");
+    let block = vec![0xEE; 64 * 1024];
+    while file.write_all(&block).is_ok() {}
+    let mut byte = [0xEE];
+    while file.write_all(&byte).is_ok() {
+        byte[0] = 0xEE;
+    }
+    path
+}
+
+/// Issue 13 (found by the soak): the agent exited with `cannot open the spool … No space left on
+/// device` when it was started on a full spool disk, and kept exiting until there was room — a
+/// crash loop with the app's socket gone. It must come up, recover what the disk holds (a
+/// damaged segment it cannot repair for lack of room is read as it is), apply `when_full` to
+/// new records while the disk stays full, and spool again once there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_until_there_is_room() {
+    let services = services();
+    let mut config = TestConfig::new(&services, &unique("fullstart"));
+    disk(&mut config);
+    let spool = config.dir.path().join("spool");
+    let filesystem = TinyFilesystem::mount(spool.clone(), "1m");
+    config
+        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
+        .set("buffer", "when_full", "drop_newest")
+        .set("agent", "drain_timeout", "1s");
+    let path = config.write();
+    let args = ["agent", "--config", path.to_str().expect("path")];
+
+    // First run: Kafka unreachable, so 300 records stay in the spool.
+    let mut agent = Process::spawn("agent", &args, config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered("fullstart", n).into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+    let admin = config.agent_admin();
+    eventually("spooled", || async { (scrape(admin).await.count("sluice_spool_records", &[]) == 300.0).then_some(()) })
+        .await;
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+
+    // Damage the segment in its middle (a repair needs room for a copy), then fill the disk.
+    let segment = std::fs::read_dir(&spool)
+        .expect("spool dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .expect("a segment");
+    let mut data = std::fs::read(&segment).expect("segment");
+    let middle = data.len() / 2;
+    for byte in &mut data[middle..middle + 16] {
+        *byte ^= 0xA5;
+    }
+    std::fs::write(&segment, &data).expect("write");
+    let filler = fill_disk(&spool);
+
+    // Second run, on the full disk: it comes up and serves.
+    let mut agent = Process::spawn("agent", &args, config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let recovered = eventually("recovered", || async {
+        let recovered = scrape(admin).await.count("sluice_spool_recovered_records_total", &[]);
+        (recovered > 0.0).then_some(recovered)
+    })
+    .await;
+    assert!((250.0..300.0).contains(&recovered), "recovered {recovered}");
+    assert_eq!(http_get(admin, "/healthz").await.expect("healthz").0, 200);
+    assert!(agent.running(), "a full disk at start must not stop the agent");
+    let log = std::fs::read_to_string(&agent.log).expect("agent log");
+    assert!(log.contains("cannot be repaired"), "the operator is told the damage stays: {log}");
+    assert!(log.contains("disk is full"), "the operator is told why no segment is made: {log}");
+
+    // New records meet the full disk: `when_full` decides, and counts.
+    let more: Vec<Vec<u8>> = (300..500).map(|n| numbered("fullstart", n).into_bytes()).collect();
+    send_lines(&config.socket(), &more).await;
+    let metrics = eventually("dropped by policy", || async {
+        let metrics = scrape(admin).await;
+        (metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]) == 200.0).then_some(metrics)
+    })
+    .await;
+    assert!(metrics.count("sluice_spool_errors_total", &[("op", "write")]) >= 1.0, "{}", metrics.0);
+
+    // Room again: records are spooled again.
+    std::fs::remove_file(&filler).expect("free the disk");
+    let last: Vec<Vec<u8>> = (500..700).map(|n| numbered("fullstart", n).into_bytes()).collect();
+    send_lines(&config.socket(), &last).await;
+    // Spooled, or (read past the damage meanwhile) counted as `corrupt`.
+    let held = |metrics: &Metrics| {
+        metrics.count("sluice_spool_records", &[])
+            + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "corrupt")])
+    };
+    let held_before = held(&metrics);
+    eventually("spooled again", || async {
+        let metrics = scrape(admin).await;
+        (held(&metrics) >= held_before + 200.0
+            && metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]) == 200.0)
+            .then_some(())
+    })
+    .await;
+    assert!(agent.running());
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+    drop(filesystem);
+}

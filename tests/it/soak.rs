@@ -804,13 +804,6 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
             }
         }
         for exit in &slot.unexpected_exits {
-            // A known defect, open (issue 13's note): the durable agent cannot start while its
-            // spool disk is full, and exits until there is room. Counted and shown, not failed,
-            // until it is fixed; any other exit fails the soak.
-            if index == 0 && exit.contains("cannot open the spool") && exit.contains("No space left on device") {
-                table.known_defects += 1;
-                continue;
-            }
             table.failures.push(format!("{} exited when no fault asked it to: {exit}", slot.name));
         }
         // A plain agent's records are accounted for by its counts: a run that ended without its
@@ -889,12 +882,6 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         "lost acked {}, lost unaccounted {}, counted beyond missing {}, duplicated {}, phantom {}, unsettled {}",
         table.lost_acked, table.unaccounted, table.overcounted, table.duplicated, table.phantom, table.unsettled
     );
-    if table.known_defects > 0 {
-        eprintln!(
-            "known defect (open): the durable agent exited {} times, unable to open its spool on a full disk",
-            table.known_defects
-        );
-    }
     for agent in &agents_json {
         eprintln!("{agent}");
     }
@@ -912,7 +899,6 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         "acked": table.acked, "naked": table.naked, "naked_reasons": table.nak_reasons,
         "rows": table.rows, "lost_acked": table.lost_acked, "lost_unaccounted": table.unaccounted, "counted_beyond_missing": table.overcounted,
         "duplicated": table.duplicated, "phantom": table.phantom, "unsettled": table.unsettled,
-        "known_defect_exits_on_full_spool_disk": table.known_defects,
         "agents": agents_json, "persister_rebalances": rebalances, "dead_letters": dead_letters,
         "persister_lost": persister_lost, "drain_seconds": drain_took.as_secs_f64(),
         "max_ack_wait_seconds": acked_outcomes.iter().map(|(_, o)| o.max_ack_wait).max().unwrap_or_default().as_secs_f64(),
@@ -947,8 +933,6 @@ struct Account {
     duplicated: u64,
     phantom: u64,
     unsettled: u64,
-    /// Exits of the durable agent that cannot start on a full spool disk (an open defect).
-    known_defects: u64,
     failures: Vec<String>,
 }
 

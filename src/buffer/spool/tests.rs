@@ -184,6 +184,85 @@ fn a_damaged_segment_is_quarantined_at_start_and_its_intact_records_are_kept() {
     assert!(read.contains(&"record number 0005".to_string()));
 }
 
+/// Writes ten records into one segment and closes it; the segment's path.
+fn one_closed_segment_of_ten(dir: &Path) -> PathBuf {
+    let mut config = config(dir);
+    config.segment_bytes = 1024 * 1024;
+    let (_spool, mut writer, _) = Spool::open(config).expect("open");
+    append_all(&mut writer, &payloads(10));
+    writer.close().expect("close");
+    segment_files(dir).remove(0)
+}
+
+/// No room for the intact copy (here: the quarantine directory cannot be made, as on a full
+/// disk): the spool still opens, reads the segment as it is, and counts what the damage hides.
+#[test]
+fn a_damaged_segment_that_cannot_be_repaired_is_read_as_it_is_and_what_the_damage_hides_is_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = one_closed_segment_of_ten(dir.path());
+    let mut data = std::fs::read(&file).expect("read");
+    let report = segment::scan(&data);
+    data[report.frames[4].start + 12] ^= 0xFF; // flip bits inside record 4
+    std::fs::write(&file, &data).expect("write");
+    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
+
+    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives an impossible repair");
+    assert_eq!(recovered.records, 9, "the intact records are all in the ledger");
+    assert_eq!(recovered.corrupt_regions, 0, "counted by the reader when it meets the damage, not twice");
+    assert_eq!(std::fs::read(&file).expect("segment"), data, "left as it was");
+    let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
+    let read: Vec<_> = batch.records.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
+    assert_eq!(read, (0..4).map(|i| format!("record number {i:04}")).collect::<Vec<_>>());
+    assert_eq!(batch.corrupt_regions, 1);
+    assert_eq!(batch.corrupt_records, 5, "the intact records behind the damage are counted as corrupt");
+    assert_eq!(spool.undelivered(), 4, "only what was read is still owed");
+}
+
+/// A kill in the middle of a write leaves a torn last frame: read as it is, it costs nothing.
+#[test]
+fn a_torn_tail_that_cannot_be_repaired_loses_no_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = one_closed_segment_of_ten(dir.path());
+    let mut data = std::fs::read(&file).expect("read");
+    let torn: Vec<u8> = data[segment::scan(&data).frames[0].clone()][..7].to_vec();
+    data.extend_from_slice(&torn);
+    std::fs::write(&file, &data).expect("write");
+    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
+
+    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("open");
+    assert_eq!(recovered.records, 10);
+    let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
+    assert_eq!(batch.records.len(), 10);
+    assert_eq!(batch.corrupt_records, 0);
+}
+
+/// The spool's disk was full at start: no segment could be made. The writer writes nothing
+/// (the caller's `when_full` decides), and makes the segment on a later append.
+#[test]
+fn a_writer_whose_segment_could_not_be_made_writes_nothing_and_makes_it_on_a_later_append() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, first, _) = Spool::open(config(dir.path())).expect("open");
+    first.close().expect("close");
+    let mut writer = SpoolWriter::pending(spool.clone(), 7);
+    writer.inject(SpoolOp::Write, io::Error::from_raw_os_error(28));
+    let data = payloads(3);
+    let records: Vec<Entry<'_>> =
+        data.iter().map(|p| Entry { ingest_ms: 1, key: None, payload: p.as_slice() }).collect();
+    let appended = writer.append(&records);
+    assert!(appended.error.as_ref().is_some_and(SpoolIoError::disk_full), "{:?}", appended.error);
+    assert!(appended.positions.is_empty());
+    assert!(!segment_path(dir.path(), 7).exists());
+    assert_eq!(spool.undelivered(), 0);
+    writer.sync().expect("nothing to sync is not an error");
+
+    let positions = append_all(&mut writer, &data);
+    assert_eq!(positions[0], SpoolPos::start_of(7));
+    assert!(segment_path(dir.path(), 7).exists());
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
+    let batch = read_all(&spool, positions[0], writer.end());
+    assert_eq!(batch.records.iter().map(|r| r.payload.to_vec()).collect::<Vec<_>>(), data);
+}
+
 #[test]
 fn a_file_that_is_not_a_segment_is_quarantined_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -193,6 +272,18 @@ fn a_file_that_is_not_a_segment_is_quarantined_whole() {
     assert_eq!(recovered.corrupt_regions, 1);
     assert_eq!(writer.end().segment, 4, "numbering continues after the damaged file");
     assert!(!segment_path(dir.path(), 3).exists());
+}
+
+#[test]
+fn a_file_that_is_not_a_segment_is_left_in_place_when_the_quarantine_cannot_be_made() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(segment_path(dir.path(), 3), b"garbage that is not a spool segment").expect("write");
+    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
+    let (_spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives");
+    assert_eq!(recovered.records, 0);
+    assert_eq!(recovered.corrupt_regions, 1);
+    assert!(segment_path(dir.path(), 3).exists(), "damaged data is never deleted");
+    assert_eq!(writer.end().segment, 4, "numbering continues after the damaged file");
 }
 
 #[test]
