@@ -141,6 +141,10 @@ struct SegmentState {
     in_memory: Bits,
     /// Per record: finished; never sent, read or counted again.
     finished: Bits,
+    /// A damaged segment recovery could not repair (no room for the copy) is read as it is: its
+    /// damaged regions, as (first damaged byte, next intact frame or end of file). The reader
+    /// jumps over them. Empty for every other segment.
+    skips: Vec<(u64, u64)>,
 }
 
 impl SegmentState {
@@ -178,6 +182,11 @@ impl SegmentState {
         self.finished.set(index, true);
         self.done += 1;
         true
+    }
+
+    /// Where to read on when the frame at `offset` is damaged damage recovery already found.
+    fn skip_from(&self, offset: u64) -> Option<u64> {
+        self.skips.iter().find(|(start, _)| *start == offset).map(|(_, end)| *end)
     }
 
     /// Every record is finished and none will be added: the file may go.
@@ -283,6 +292,10 @@ impl Spool {
     pub fn open(config: SpoolConfig) -> io::Result<(Arc<Spool>, SpoolWriter, Recovered)> {
         std::fs::create_dir_all(&config.dir)?;
         let quarantine = config.dir.join("quarantine");
+        // Made while there is room, so a damaged file can later be linked into it on a full disk.
+        if let Err(error) = std::fs::create_dir_all(&quarantine) {
+            warn!(%error, quarantine = %quarantine.display(), "cannot make the spool's quarantine directory; trying again when damage is found");
+        }
         let mut recovered = Recovered::default();
         let mut state = State::default();
         finish_interrupted_repairs(&config.dir)?;
@@ -293,15 +306,17 @@ impl Spool {
         ids.sort_unstable();
         for id in &ids {
             let path = segment_path(&config.dir, *id);
-            let (records, bytes, first_ingest_ms) = recover_segment(&path, &quarantine, &mut recovered)?;
+            let Recovery { records, bytes, first_ingest_ms, skips } =
+                recover_segment(&path, &quarantine, &mut recovered)?;
             if records == 0 {
                 continue;
             }
             recovered.records += records;
             state.disk_bytes += bytes;
-            state
-                .segments
-                .insert(*id, SegmentState { records, bytes, first_ingest_ms, sealed: true, ..SegmentState::default() });
+            state.segments.insert(
+                *id,
+                SegmentState { records, bytes, first_ingest_ms, sealed: true, skips, ..SegmentState::default() },
+            );
         }
         state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
         let next = ids.last().map_or(0, |id| id + 1);
@@ -657,8 +672,7 @@ impl Spool {
     fn quarantine_copy(&self, segment: u64) -> Option<PathBuf> {
         let source = segment_path(&self.config.dir, segment);
         let target = self.quarantine.join(format!("{segment:020}.seg.{}", quarantine_suffix()));
-        std::fs::create_dir_all(&self.quarantine).ok()?;
-        std::fs::copy(&source, &target).ok()?;
+        quarantine_keep(&source, &target).ok()?;
         Some(target)
     }
 }
@@ -667,99 +681,195 @@ fn quarantine_suffix() -> String {
     chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string()
 }
 
+/// What recovery found in one segment file.
+struct Recovery {
+    /// Intact records (0: the file is no longer the spool's).
+    records: u64,
+    /// File size.
+    bytes: u64,
+    first_ingest_ms: Option<u64>,
+    /// See `SegmentState::skips`.
+    skips: Vec<(u64, u64)>,
+}
+
+/// Most damaged regions an unrepaired segment's skips keep (16 bytes each); beyond it, the
+/// reader gives up the rest of the segment at its first damage (counted `corrupt`).
+const MAX_SKIPS: usize = 4096;
+
+#[cfg(test)]
+thread_local! {
+    /// Test seam: copies of segments fail with ENOSPC on this thread (a full disk).
+    pub(super) static NO_ROOM_FOR_COPIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn no_room_for_copies() -> io::Result<()> {
+    #[cfg(test)]
+    if NO_ROOM_FOR_COPIES.with(std::cell::Cell::get) {
+        return Err(io::Error::from_raw_os_error(28));
+    }
+    Ok(())
+}
+
+/// Keeps `source` in the quarantine as `target`: a hard link (a name, no data: it works on a
+/// full disk and survives the segment's deletion), else a copy. A failed copy leaves nothing.
+fn quarantine_keep(source: &Path, target: &Path) -> io::Result<()> {
+    if let Some(dir) = target.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if std::fs::hard_link(source, target).is_ok() {
+        return Ok(());
+    }
+    let copied = no_room_for_copies().and_then(|()| std::fs::copy(source, target).map(|_| ()));
+    if copied.is_err() {
+        let _ = std::fs::remove_file(target);
+    }
+    copied
+}
+
+/// The quarantined name of `path`'s file, if an earlier start linked it there (its damage was
+/// counted then, and is not again).
+fn quarantined_link(path: &Path, quarantine: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::metadata(path).ok()?;
+    if file.nlink() < 2 {
+        return None;
+    }
+    let name = path.file_name()?.to_str()?.to_owned();
+    std::fs::read_dir(quarantine)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_str().is_some_and(|n| n.starts_with(&name)))
+        .map(|entry| entry.path())
+        .find(|other| std::fs::metadata(other).is_ok_and(|m| m.ino() == file.ino() && m.dev() == file.dev()))
+}
+
+/// The damaged regions between `frames` in a file of `len` bytes.
+fn damaged_regions(frames: &[std::ops::Range<usize>], len: usize) -> Vec<(u64, u64)> {
+    let mut regions = Vec::new();
+    let mut expected = HEADER.len();
+    for frame in frames {
+        if frame.start > expected {
+            regions.push((expected as u64, frame.start as u64));
+        }
+        expected = frame.end;
+    }
+    if expected < len {
+        regions.push((expected as u64, len as u64));
+    }
+    regions
+}
+
 /// Checks every frame of a segment left by an earlier run. A damaged file is moved to the
 /// quarantine directory and replaced by a copy holding only its intact frames; one without
-/// records is deleted. Returns the intact record count and the file size (none and 0 when the
-/// file is no longer in the spool's ledger).
+/// records is deleted. Its damage is counted in `recovered` once: when its original reaches the
+/// quarantine.
 ///
-/// The copy needs room. On a disk too full for it (or any failure to make it) the file stays as
-/// it is and is read as it is: its records up to the first damage are delivered, and the reader
-/// counts the rest as `corrupt` when it meets the damage (a torn tail, what a kill mid-write
-/// leaves, loses nothing that way). A damaged file without one intact frame needs no copy: it
-/// is moved to the quarantine whole (or, when not even that can be done, left where it is).
-fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<(u64, u64, Option<u64>)> {
+/// The copy needs room. On a disk too full for it the file is read as it is, around its damage
+/// (`SegmentState::skips`): nothing intact is lost. Its original is hard-linked into the
+/// quarantine (a link needs no room), and a later start with room repairs it without counting
+/// it again. A damaged file without one intact frame needs no copy: it is moved to the
+/// quarantine whole (or, when not even that can be done, left where it is and counted when a
+/// later start moves it).
+fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<Recovery> {
     let data = std::fs::read(path)?;
     let report = segment::scan(&data);
     let first_ingest_ms =
         report.frames.first().and_then(|range| segment::frame_at(&data, range.start)).map(|(frame, _)| frame.ingest_ms);
+    let intact = report.frames.len() as u64;
     if report.corrupt_regions == 0 {
         if report.frames.is_empty() {
             // Nothing in it (a header, or a file a crash left empty).
             std::fs::remove_file(path)?;
         }
-        return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
+        return Ok(Recovery { records: intact, bytes: data.len() as u64, first_ingest_ms, skips: Vec::new() });
     }
-    // A full disk may have no room for the quarantine directory either.
-    let quarantine_ready = std::fs::create_dir_all(quarantine);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let target = quarantine.join(format!("{name}.{}", quarantine_suffix()));
-    if report.frames.is_empty() {
+    let earlier = quarantined_link(path, quarantine);
+    let count = |recovered: &mut Recovered, kept: Option<PathBuf>| {
         recovered.corrupt_regions += report.corrupt_regions;
         recovered.corrupt_bytes += report.corrupt_bytes;
-        match quarantine_ready.and_then(|()| std::fs::rename(path, &target)) {
-            Ok(()) => {
-                error!(
-                    segment = %path.display(),
-                    quarantined = %target.display(),
-                    corrupt_bytes = report.corrupt_bytes,
-                    "damaged spool segment without an intact record: moved to quarantine"
-                );
-                recovered.quarantined.push(target);
-            }
-            Err(error) => {
+        recovered.quarantined.extend(kept);
+    };
+    let sync_parent = || path.parent().map_or(Ok(()), sync_dir);
+    if report.frames.is_empty() {
+        if earlier.is_some() {
+            std::fs::remove_file(path)?;
+        } else {
+            let moved = std::fs::create_dir_all(quarantine).and_then(|()| std::fs::rename(path, &target));
+            if let Err(error) = moved {
                 error!(
                     segment = %path.display(),
                     %error,
                     corrupt_bytes = report.corrupt_bytes,
                     "damaged spool segment without an intact record cannot be moved to quarantine: left in place, a later start moves it"
                 );
-                // Never deleted, and never read or numbered over (the next segment's number
-                // is above every file's).
-                return Ok((0, 0, None));
+                // Never deleted, and never read or numbered over (the next segment's number is
+                // above every file's).
+                return Ok(Recovery { records: 0, bytes: 0, first_ingest_ms: None, skips: Vec::new() });
             }
+            error!(
+                segment = %path.display(),
+                quarantined = %target.display(),
+                corrupt_bytes = report.corrupt_bytes,
+                "damaged spool segment without an intact record: moved to quarantine"
+            );
+            count(recovered, Some(target));
         }
-        if let Some(dir) = path.parent() {
-            sync_dir(dir)?;
-        }
-        return Ok((0, 0, None));
+        sync_parent()?;
+        return Ok(Recovery { records: 0, bytes: 0, first_ingest_ms: None, skips: Vec::new() });
     }
     let mut clean = HEADER.to_vec();
     for range in &report.frames {
         clean.extend_from_slice(&data[range.clone()]);
     }
     let temporary = path.with_extension("seg.tmp");
-    let copied = quarantine_ready
+    let copied = no_room_for_copies()
         .and_then(|()| std::fs::write(&temporary, &clean))
         .and_then(|()| File::open(&temporary)?.sync_all())
-        .and_then(|()| std::fs::rename(path, &target));
+        .and_then(|()| match earlier {
+            // Already kept (and counted): the copy simply replaces the file.
+            Some(_) => Ok(()),
+            None => std::fs::create_dir_all(quarantine).and_then(|()| std::fs::rename(path, &target)),
+        });
     if let Err(error) = copied {
         let _ = std::fs::remove_file(&temporary);
-        // Not counted here: the reader counts the damage when it meets it.
+        let kept = match earlier {
+            Some(_) => None,
+            None => quarantine_keep(path, &target).ok().map(|()| target.clone()),
+        };
+        let mut skips = damaged_regions(&report.frames, data.len());
+        if skips.len() > MAX_SKIPS {
+            skips.clear();
+        }
         error!(
             segment = %path.display(),
             %error,
+            quarantined = ?kept,
             corrupt_regions = report.corrupt_regions,
-            intact_records = report.frames.len(),
-            "damaged spool segment cannot be repaired (no room for its intact copy?): it is read as it is, and its records behind the first damage are counted as corrupt when the reader meets it"
+            intact_records = intact,
+            read_around_the_damage = !skips.is_empty(),
+            "damaged spool segment cannot be repaired (no room for its intact copy?): it is read as it is"
         );
-        return Ok((report.frames.len() as u64, data.len() as u64, first_ingest_ms));
+        if earlier.is_none() {
+            count(recovered, kept);
+        }
+        return Ok(Recovery { records: intact, bytes: data.len() as u64, first_ingest_ms, skips });
     }
     std::fs::rename(&temporary, path)?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
+    sync_parent()?;
     error!(
         segment = %path.display(),
-        quarantined = %target.display(),
+        quarantined = %earlier.as_ref().unwrap_or(&target).display(),
         corrupt_regions = report.corrupt_regions,
         corrupt_bytes = report.corrupt_bytes,
-        intact_records = report.frames.len(),
-        "damaged spool segment: intact records kept, original moved to quarantine"
+        intact_records = intact,
+        "damaged spool segment: intact records kept, original in quarantine"
     );
-    recovered.corrupt_regions += report.corrupt_regions;
-    recovered.corrupt_bytes += report.corrupt_bytes;
-    recovered.quarantined.push(target);
-    Ok((report.frames.len() as u64, clean.len() as u64, first_ingest_ms))
+    if earlier.is_none() {
+        count(recovered, Some(target));
+    }
+    Ok(Recovery { records: intact, bytes: clean.len() as u64, first_ingest_ms, skips: Vec::new() })
 }
 
 /// Appends records to the active segment. One writer per spool; it lives on the blocking pool.
@@ -1286,8 +1396,15 @@ impl SpoolReader {
                 }
                 Ok(false) => {
                     // End of this segment; the writer only moves on after sealing it.
+                    let sealed = self.spool.lock().segments.get(&pos.segment).is_some_and(|s| s.sealed);
                     match self.next_segment(pos.segment) {
                         Some(next) if next <= upto => pos = next,
+                        // Sealed, and nothing after it yet: the writer's segment is not made
+                        // (a full disk). All there is was read.
+                        None if sealed => {
+                            pos = upto;
+                            break;
+                        }
                         _ => break,
                     }
                 }
@@ -1329,6 +1446,14 @@ impl SpoolReader {
                             break;
                         }
                     }
+                }
+                Err(segment::ReadError::Corrupt)
+                    if let Some(to) =
+                        self.spool.lock().segments.get(&pos.segment).and_then(|s| s.skip_from(pos.offset)) =>
+                {
+                    // Damage recovery found, kept and counted: read on behind it.
+                    self.file = None;
+                    pos.offset = to;
                 }
                 Err(segment::ReadError::Corrupt) => {
                     let quarantined = self.spool.quarantine_copy(pos.segment);

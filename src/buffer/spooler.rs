@@ -220,6 +220,12 @@ impl Spooler {
                     if !self.drop_oldest_segment().await {
                         return self.abandon(records, "drop_oldest");
                     }
+                    // The disk, not the cap, is full: the room a drop frees may come only once
+                    // the backlog reader lets go of the file. Without a pause one full disk
+                    // would take every segment in a row.
+                    if !self.pause(stop).await {
+                        return self.abandon(records, "drain_timeout");
+                    }
                 }
                 WhenFull::DropNewest => return self.abandon(records, "drop_newest"),
             }

@@ -194,28 +194,84 @@ fn one_closed_segment_of_ten(dir: &Path) -> PathBuf {
     segment_files(dir).remove(0)
 }
 
-/// No room for the intact copy (here: the quarantine directory cannot be made, as on a full
-/// disk): the spool still opens, reads the segment as it is, and counts what the damage hides.
-#[test]
-fn a_damaged_segment_that_cannot_be_repaired_is_read_as_it_is_and_what_the_damage_hides_is_counted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = one_closed_segment_of_ten(dir.path());
+/// A segment with ten records, record 4 damaged.
+fn a_damaged_segment(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let file = one_closed_segment_of_ten(dir);
     let mut data = std::fs::read(&file).expect("read");
     let report = segment::scan(&data);
     data[report.frames[4].start + 12] ^= 0xFF; // flip bits inside record 4
     std::fs::write(&file, &data).expect("write");
-    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
+    (file, data)
+}
 
-    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives an impossible repair");
+/// Opens the spool as on a disk with no room for a copy of a segment.
+fn open_on_a_full_disk(dir: &Path) -> (Arc<Spool>, SpoolWriter, Recovered) {
+    NO_ROOM_FOR_COPIES.with(|full| full.set(true));
+    let opened = Spool::open(config(dir));
+    NO_ROOM_FOR_COPIES.with(|full| full.set(false));
+    opened.expect("open survives an impossible repair")
+}
+
+/// The spool still opens, reads the segment as it is, skipping the damage, and loses nothing
+/// intact. The damaged original is linked into the quarantine (a link needs no room) and its
+/// damage counted once.
+#[test]
+fn a_damaged_segment_that_cannot_be_repaired_is_read_as_it_is_around_its_damage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (file, data) = a_damaged_segment(dir.path());
+    let (spool, writer, recovered) = open_on_a_full_disk(dir.path());
     assert_eq!(recovered.records, 9, "the intact records are all in the ledger");
-    assert_eq!(recovered.corrupt_regions, 0, "counted by the reader when it meets the damage, not twice");
+    assert_eq!(recovered.corrupt_regions, 1);
+    assert_eq!(recovered.quarantined.len(), 1);
+    assert_eq!(std::fs::read(&recovered.quarantined[0]).expect("quarantined"), data, "the original is kept");
     assert_eq!(std::fs::read(&file).expect("segment"), data, "left as it was");
     let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
     let read: Vec<_> = batch.records.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
-    assert_eq!(read, (0..4).map(|i| format!("record number {i:04}")).collect::<Vec<_>>());
-    assert_eq!(batch.corrupt_regions, 1);
-    assert_eq!(batch.corrupt_records, 5, "the intact records behind the damage are counted as corrupt");
-    assert_eq!(spool.undelivered(), 4, "only what was read is still owed");
+    let expected: Vec<_> = (0..10).filter(|i| *i != 4).map(|i| format!("record number {i:04}")).collect();
+    assert_eq!(read, expected, "every intact record, the ones behind the damage too");
+    assert_eq!(batch.corrupt_records, 0);
+    assert_eq!(batch.next, Some(writer.end()));
+    for record in &batch.records {
+        spool.done(record.pos);
+    }
+    assert_eq!(spool.undelivered(), 0);
+    spool.delete_done();
+    assert!(!file.exists());
+    assert_eq!(std::fs::read(&recovered.quarantined[0]).expect("quarantined"), data, "deleting the segment keeps it");
+}
+
+/// Restarted while the segment is still there (its records not yet delivered), the damage is not
+/// counted again; once there is room it is repaired.
+#[test]
+fn an_unrepaired_segment_is_counted_once_across_restarts_and_repaired_once_there_is_room() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (file, _) = a_damaged_segment(dir.path());
+    let (_spool, _writer, first) = open_on_a_full_disk(dir.path());
+    assert_eq!(first.corrupt_regions, 1);
+    let (_spool, _writer, second) = open_on_a_full_disk(dir.path());
+    assert_eq!((second.records, second.corrupt_regions), (9, 0), "counted at the first start only");
+    let (spool, writer, third) = Spool::open(config(dir.path())).expect("reopen with room");
+    assert_eq!((third.records, third.corrupt_regions), (9, 0));
+    assert_eq!(segment::scan(&std::fs::read(&file).expect("segment")).corrupt_regions, 0, "repaired");
+    let quarantined = std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").count();
+    assert_eq!(quarantined, 1, "the original is in the quarantine once");
+    assert_eq!(read_all(&spool, spool.backlog().expect("backlog"), writer.end()).records.len(), 9);
+}
+
+/// The backlog reader, at the end of the last segment while the writer has none yet (a full
+/// disk at start), reports it has read everything: it must not be asked again and again.
+#[test]
+fn the_backlog_ends_at_the_last_recovered_segment_while_the_writer_has_no_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    one_closed_segment_of_ten(dir.path());
+    let (spool, writer, _) = Spool::open(config(dir.path())).expect("open");
+    let end = writer.end();
+    drop(writer);
+    std::fs::remove_file(segment_path(dir.path(), end.segment)).expect("as if it could not be made");
+    spool.lock().segments.remove(&end.segment);
+    let batch = read_all(&spool, spool.backlog().expect("backlog"), end);
+    assert_eq!(batch.records.len(), 10);
+    assert_eq!(batch.next, Some(end), "the cursor reaches the writer's end");
 }
 
 /// A kill in the middle of a write leaves a torn last frame: read as it is, it costs nothing.
@@ -227,13 +283,13 @@ fn a_torn_tail_that_cannot_be_repaired_loses_no_record() {
     let torn: Vec<u8> = data[segment::scan(&data).frames[0].clone()][..7].to_vec();
     data.extend_from_slice(&torn);
     std::fs::write(&file, &data).expect("write");
-    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
 
-    let (spool, writer, recovered) = Spool::open(config(dir.path())).expect("open");
+    let (spool, writer, recovered) = open_on_a_full_disk(dir.path());
     assert_eq!(recovered.records, 10);
     let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
     assert_eq!(batch.records.len(), 10);
     assert_eq!(batch.corrupt_records, 0);
+    assert_eq!(batch.next, Some(writer.end()));
 }
 
 /// The spool's disk was full at start: no segment could be made. The writer writes nothing
@@ -274,6 +330,7 @@ fn a_file_that_is_not_a_segment_is_quarantined_whole() {
     assert!(!segment_path(dir.path(), 3).exists());
 }
 
+/// Not counted until it is moved, so a restart that moves it counts it once.
 #[test]
 fn a_file_that_is_not_a_segment_is_left_in_place_when_the_quarantine_cannot_be_made() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -281,9 +338,14 @@ fn a_file_that_is_not_a_segment_is_left_in_place_when_the_quarantine_cannot_be_m
     std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
     let (_spool, writer, recovered) = Spool::open(config(dir.path())).expect("open survives");
     assert_eq!(recovered.records, 0);
-    assert_eq!(recovered.corrupt_regions, 1);
+    assert_eq!(recovered.corrupt_regions, 0, "counted when it is moved");
     assert!(segment_path(dir.path(), 3).exists(), "damaged data is never deleted");
     assert_eq!(writer.end().segment, 4, "numbering continues after the damaged file");
+    drop(writer);
+    std::fs::remove_file(dir.path().join("quarantine")).expect("room again");
+    let (_spool, _writer, moved) = Spool::open(config(dir.path())).expect("reopen");
+    assert_eq!((moved.corrupt_regions, moved.quarantined.len()), (1, 1));
+    assert!(!segment_path(dir.path(), 3).exists());
 }
 
 #[test]
