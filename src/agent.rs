@@ -29,7 +29,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ConfigView, ReadinessCheck};
 use crate::buffer::ack::AckBudget;
-use crate::buffer::spool::{Spool, SpoolWriter};
+use crate::buffer::spool::{Spool, SpoolOp, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading};
 use crate::config::{BufferKind, Config, KeySource, ShipConfig};
@@ -38,6 +38,7 @@ use crate::ingest::{self, IngestContext, IngestError, KeyRule};
 use crate::lifecycle::Tasks;
 use crate::ship::{ShipError, Shipper};
 use crate::telemetry;
+use crate::telemetry::outcome::{Dropped, Failed};
 
 /// How often Kafka's reachability is checked for `/readyz`.
 const PROBE_INTERVAL: Duration = Duration::from_secs(5);
@@ -275,7 +276,7 @@ pub(crate) fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
     };
     if lost > 0 {
         error!(lost, "records not acknowledged by kafka before the drain deadline are lost");
-        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(lost);
+        Failed::DrainTimeout.count(lost);
     }
     if in_spool > 0 {
         warn!(undelivered = in_spool, "records not yet acknowledged by kafka stay in the spool for the next start");
@@ -348,11 +349,11 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
         .map_err(|error| AgentError::Spool { path: dir.clone(), source: std::io::Error::other(error) })?
         .map_err(|source| AgentError::Spool { path: dir.clone(), source })?;
     metrics::counter!(telemetry::SPOOL_RECOVERED).increment(recovered.records);
-    for op in ["write", "fsync", "read"] {
-        metrics::counter!(telemetry::SPOOL_ERRORS, "op" => op).increment(0);
+    for op in SpoolOp::ALL {
+        metrics::counter!(telemetry::SPOOL_ERRORS, "op" => op.as_str()).increment(0);
     }
     // A damaged region's records cannot be told apart: each counts as one, its bytes as bytes.
-    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(recovered.corrupt_regions);
+    Dropped::Corrupt.count(recovered.corrupt_regions);
     metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(recovered.corrupt_bytes);
     let buffer = Buffer::for_config_with_spool(config, spool, writer.end());
     Ok((buffer, Some(writer)))

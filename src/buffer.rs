@@ -36,6 +36,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{BufferConfig, WhenFull};
 use crate::telemetry;
+use crate::telemetry::outcome::{Dropped, Refused};
 
 pub mod ack;
 pub mod segment;
@@ -88,7 +89,7 @@ pub struct Record {
 
 impl Record {
     /// Settles the record's acknowledgement as refused, if it has one.
-    pub fn refuse(&mut self, reason: &'static str) {
+    pub fn refuse(&mut self, reason: impl Into<Refused>) {
         if let Some(ack) = self.ack.take() {
             ack.refused(reason);
         }
@@ -137,13 +138,10 @@ impl Lease {
     }
 }
 
-/// Why a record was not accepted.
+/// The buffer was full and its policy let the record go (counted, and its ack refused, already).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Dropped {
-    /// The buffer was full and the policy said to drop.
-    #[error("buffer full; record dropped ({})", .0)]
-    Full(&'static str),
-}
+#[error("buffer full; record dropped ({})", .0.as_str())]
+pub struct BufferFull(pub Dropped);
 
 /// Per-connection admission state for `block_timeout`: once a writer has been held for the
 /// whole timeout, its records are dropped at once until the buffer has room again.
@@ -314,8 +312,8 @@ impl Buffer {
         let max_records = records - backlog_records;
         metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(leases as f64);
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(records as f64);
-        for reason in ["drop_newest", "drop_oldest", "block_timeout", "corrupt"] {
-            metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => reason).increment(0);
+        for reason in Dropped::ALL {
+            reason.count(0);
         }
         Self {
             shared: Arc::new(Shared {
@@ -378,16 +376,16 @@ impl Buffer {
         ingest_ms: u64,
         mut ack: Option<Ack>,
         admission: &mut Admission,
-    ) -> Result<(), Dropped> {
+    ) -> Result<(), BufferFull> {
         let cost = self.cost(payload.len(), key.as_ref().map_or(0, Bytes::len));
         let lease = match self.admit(cost, admission).await {
             Ok(lease) => lease,
             Err(reason) => {
-                metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => reason).increment(1);
+                reason.count(1);
                 if let Some(ack) = ack.take() {
                     ack.refused(reason);
                 }
-                return Err(Dropped::Full(reason));
+                return Err(BufferFull(reason));
             }
         };
         let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack };
@@ -404,7 +402,7 @@ impl Buffer {
         Ok(())
     }
 
-    async fn admit(&self, cost: usize, admission: &mut Admission) -> Result<Lease, &'static str> {
+    async fn admit(&self, cost: usize, admission: &mut Admission) -> Result<Lease, Dropped> {
         if let Some(lease) = self.try_lease(cost) {
             admission.shedding = false;
             return Ok(lease);
@@ -419,9 +417,9 @@ impl Buffer {
         }
         let Policy { when_full, block_timeout } = self.policy();
         match when_full {
-            WhenFull::DropNewest => Err("drop_newest"),
-            WhenFull::DropOldest => Err("drop_oldest"),
-            WhenFull::Block if admission.shedding => Err("block_timeout"),
+            WhenFull::DropNewest => Err(Dropped::DropNewest),
+            WhenFull::DropOldest => Err(Dropped::DropOldest),
+            WhenFull::Block if admission.shedding => Err(Dropped::BlockTimeout),
             WhenFull::Block => {
                 let wait = self.lease(cost);
                 let lease = match block_timeout {
@@ -432,7 +430,7 @@ impl Buffer {
                     Some(lease) => Ok(lease),
                     None => {
                         admission.shedding = true;
-                        Err("block_timeout")
+                        Err(Dropped::BlockTimeout)
                     }
                 }
             }
@@ -485,16 +483,15 @@ impl Buffer {
                 let lost =
                     spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
                 if lost > 0 {
-                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                    Dropped::DropOldest.count(lost);
                 }
                 self.shared.ready.notify_one();
             }
             None => {
-                metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
-                    .increment(count as u64);
+                Dropped::DropOldest.count(count as u64);
                 for mut record in evicted {
                     self.shared.ages.released(record.ingest_ms);
-                    record.refuse("drop_oldest");
+                    record.refuse(Dropped::DropOldest);
                 }
                 self.notify_settled();
             }

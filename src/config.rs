@@ -532,12 +532,13 @@ pub enum WhenFull {
 }
 
 impl WhenFull {
-    /// The name used in config, metric labels and docs.
+    /// The name used in config, logs and docs; a drop under `drop_newest` or `drop_oldest` is
+    /// counted with the same word.
     pub fn as_str(self) -> &'static str {
         match self {
             WhenFull::Block => "block",
-            WhenFull::DropNewest => "drop_newest",
-            WhenFull::DropOldest => "drop_oldest",
+            WhenFull::DropNewest => crate::telemetry::outcome::Dropped::DropNewest.as_str(),
+            WhenFull::DropOldest => crate::telemetry::outcome::Dropped::DropOldest.as_str(),
         }
     }
 }

@@ -24,6 +24,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::telemetry::outcome::DeadLetterReason;
+
 #[cfg(test)]
 mod tests;
 
@@ -226,11 +228,11 @@ pub enum EnvelopeError {
 
 impl EnvelopeError {
     /// The `reason` label of the dead-letter metric.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> DeadLetterReason {
         match self {
-            EnvelopeError::Malformed(_) => "malformed_envelope",
-            EnvelopeError::UnsupportedVersion(_) => "unsupported_version",
-            EnvelopeError::MissingMessage => "missing_message",
+            EnvelopeError::Malformed(_) => DeadLetterReason::MalformedEnvelope,
+            EnvelopeError::UnsupportedVersion(_) => DeadLetterReason::UnsupportedVersion,
+            EnvelopeError::MissingMessage => DeadLetterReason::MissingMessage,
         }
     }
 }

@@ -29,6 +29,7 @@ use crate::buffer::ack::AckPoint;
 use crate::config::{IngestConfig, KeySource, ListenerConfig, Protocol, ShipConfig, Transport};
 use crate::envelope::{EnvelopeWriter, Peer, PodMetadata};
 use crate::telemetry;
+use crate::telemetry::outcome::{ConnectionRefused, Rejected};
 
 pub mod connection;
 pub mod datagram;
@@ -230,11 +231,11 @@ pub struct ListenerMetrics {
 impl ListenerMetrics {
     fn new(name: &str, protocol: Protocol) -> Self {
         let labels = [("listener", name.to_string()), ("protocol", protocol.as_str().to_string())];
-        for reason in telemetry::Rejected::ALL {
+        for reason in Rejected::ALL {
             metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&labels, reason.as_str())).increment(0);
         }
-        for reason in ["max_connections", "peer_denied"] {
-            metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&labels, reason)).increment(0);
+        for reason in ConnectionRefused::ALL {
+            metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&labels, reason.as_str())).increment(0);
         }
         metrics::counter!(telemetry::INGEST_IDLE_CLOSED, &labels).increment(0);
         Self {
@@ -249,13 +250,13 @@ impl ListenerMetrics {
     }
 
     /// Counts a refused record.
-    pub fn rejected(&self, reason: &'static str) {
-        metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&self.labels, reason)).increment(1);
+    pub fn rejected(&self, reason: Rejected) {
+        metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&self.labels, reason.as_str())).increment(1);
     }
 
     /// Counts a refused connection.
-    pub fn refused(&self, reason: &'static str) {
-        metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&self.labels, reason)).increment(1);
+    pub fn refused(&self, reason: ConnectionRefused) {
+        metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&self.labels, reason.as_str())).increment(1);
     }
 
     /// Counts a connection closed for idling.
@@ -368,7 +369,7 @@ async fn accept(
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     // Accept, then close at once: the writer sees the connection end instead of
                     // hanging in the kernel's backlog.
-                    context.metrics.refused("max_connections");
+                    context.metrics.refused(ConnectionRefused::MaxConnections);
                     drop(stream);
                     continue;
                 };

@@ -53,6 +53,7 @@ use crate::config::Config;
 use crate::config::reload::{self, Reloading};
 use crate::lifecycle::Tasks;
 use crate::telemetry;
+use crate::telemetry::outcome::{DeadLetterReason, Lost};
 
 pub mod row;
 pub mod schema;
@@ -570,21 +571,21 @@ impl Committed {
         metrics::counter!(telemetry::PERSIST_ROWS).increment(written.inserted);
         metrics::counter!(telemetry::PERSIST_DUPLICATES).increment(written.duplicates);
         self.rows.extend(part.rows);
-        let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut by_reason: BTreeMap<DeadLetterReason, u64> = BTreeMap::new();
         let mut letters_already_stored = 0;
         for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
             if stored {
                 *by_reason.entry(letter.reason).or_default() += 1;
                 warn!(
                     topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                    reason = letter.reason, "message kept in dead_letters"
+                    reason = letter.reason.as_str(), "message kept in dead_letters"
                 );
             } else {
                 letters_already_stored += 1;
             }
         }
         for (reason, letters) in by_reason {
-            metrics::counter!(telemetry::PERSIST_DEAD_LETTERS, telemetry::REASON => reason).increment(letters);
+            reason.count(letters);
         }
         if letters_already_stored > 0 {
             debug!(letters = letters_already_stored, "dead letters already stored (redelivered)");
@@ -918,7 +919,12 @@ async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Re
         } else if let Some(row) = part.rows.pop() {
             error!(error = %refused, topic = %row.origin.topic, partition = row.origin.partition, offset = row.origin.offset,
                 "postgres rejects a record; it goes to dead_letters");
-            let letter = DeadLetter::new(row.origin, "rejected_by_postgres", &refused, Some(row.payload.into_bytes()));
+            let letter = DeadLetter::new(
+                row.origin,
+                DeadLetterReason::RejectedByPostgres,
+                &refused,
+                Some(row.payload.into_bytes()),
+            );
             pending.push((Part { rows: Vec::new(), dead: vec![letter] }, None));
         } else if let Some(letter) = part.dead.pop() {
             let plain = letter.ascii_only();
@@ -926,10 +932,10 @@ async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Re
                 pending.push((Part { rows: Vec::new(), dead: vec![plain] }, None));
             } else {
                 // Counted here, not when the batch has committed, like the parts (Committed::add).
-                metrics::counter!(telemetry::PERSIST_LOST, telemetry::REASON => "dead_letter_rejected").increment(1);
+                Lost::DeadLetterRejected.count(1);
                 error!(
                     topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                    reason = letter.reason, error = %refused,
+                    reason = letter.reason.as_str(), error = %refused,
                     "postgres refused this message as a row and as a dead letter; it is not stored (read it from kafka at this offset)"
                 );
             }

@@ -32,10 +32,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::buffer::ack::Ack;
-use crate::buffer::spool::{SpoolPos, SpoolReader};
+use crate::buffer::spool::{SpoolOp, SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
 use crate::config::Config;
 use crate::telemetry;
+use crate::telemetry::outcome::{self, Dropped, Failed};
 
 #[cfg(test)]
 mod model;
@@ -83,35 +84,22 @@ pub fn classify(error: &KafkaError) -> Disposition {
 }
 
 /// The reason given to a writer whose record Kafka will never accept.
-fn give_up_reason(error: &KafkaError) -> &'static str {
+fn give_up_reason(error: &KafkaError) -> Failed {
     match error.rdkafka_error_code() {
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => "message_size_too_large",
-        Some(RDKafkaErrorCode::InvalidRecord) => "invalid_record",
-        _ => "kafka_refused",
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => {
+            Failed::MessageSizeTooLarge
+        }
+        Some(RDKafkaErrorCode::InvalidRecord) => Failed::InvalidRecord,
+        _ => Failed::KafkaRefused,
     }
 }
 
 /// The metric label for an error: librdkafka's error name in snake case (a fixed set).
 pub fn reason(error: &KafkaError) -> String {
     match error.rdkafka_error_code() {
-        Some(code) => snake_case(&format!("{code:?}")),
+        Some(code) => outcome::kafka_error(code),
         None => "other".into(),
     }
-}
-
-fn snake_case(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
-    for (i, c) in name.chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The librdkafka settings for the agent's producer.
@@ -195,7 +183,7 @@ impl InFlight {
 
 impl ShipContext {
     /// The record is stored in Kafka, or given up for good: release it everywhere.
-    fn settle(&self, in_flight: InFlight, refused: Option<&'static str>) {
+    fn settle(&self, in_flight: InFlight, refused: Option<Failed>) {
         let InFlight { lease, pos, mut ack, ingest_ms, .. } = in_flight;
         self.buffer.settled(lease.bytes(), ingest_ms);
         if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
@@ -230,14 +218,14 @@ impl ShipContext {
             (Some(pos), Some(spool)) => {
                 let lost = spool.evicted(vec![(pos, ack)]);
                 if lost > 0 {
-                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                    Dropped::DropOldest.count(lost);
                 }
             }
             _ => {
                 error!("record not handed to kafka before the drain deadline; dropped and counted");
-                metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
+                Failed::DrainTimeout.count(1);
                 if let Some(ack) = ack {
-                    ack.refused("drain_timeout");
+                    ack.refused(Failed::DrainTimeout);
                 }
             }
         }
@@ -295,9 +283,10 @@ impl ShipContext {
                         });
                     }
                     Disposition::GiveUp => {
-                        error!(%error, reason, "kafka refused a record; it is dropped and counted");
-                        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
-                        self.settle(in_flight, Some(give_up_reason(error)));
+                        let failed = give_up_reason(error);
+                        error!(%error, kafka_error = reason, reason = failed.as_str(), "kafka refused a record; it is dropped and counted");
+                        failed.count(1);
+                        self.settle(in_flight, Some(failed));
                     }
                 }
             }
@@ -572,10 +561,10 @@ impl Shipper {
                         return;
                     }
                     if !retryable {
-                        let reason = reason(&error);
-                        error!(%error, reason, "kafka refused a record; it is dropped and counted");
-                        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => reason).increment(1);
-                        producer.context().settle(*returned.delivery_opaque, Some(give_up_reason(&error)));
+                        let failed = give_up_reason(&error);
+                        error!(%error, kafka_error = reason(&error), reason = failed.as_str(), "kafka refused a record; it is dropped and counted");
+                        failed.count(1);
+                        producer.context().settle(*returned.delivery_opaque, Some(failed));
                         return;
                     }
                     // QueueFull: librdkafka holds its share of the budget; wait for reports.
@@ -642,14 +631,14 @@ async fn read_backlog(
     let batch = match result {
         Ok(batch) => batch,
         Err(error) => {
-            metrics::counter!(telemetry::SPOOL_ERRORS, "op" => "read").increment(1);
+            metrics::counter!(telemetry::SPOOL_ERRORS, "op" => SpoolOp::Read.as_str()).increment(1);
             error!(%error, "cannot read the spool backlog; retrying");
             tokio::time::sleep(Duration::from_secs(1)).await;
             return (reader, Vec::new(), lease);
         }
     };
     if batch.corrupt_regions > 0 {
-        metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "corrupt").increment(batch.corrupt_records);
+        Dropped::Corrupt.count(batch.corrupt_records);
         metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
         buffer.notify_settled();
     }
@@ -673,7 +662,7 @@ async fn read_backlog(
             if let Some(spool) = buffer.spool() {
                 let lost = spool.evicted(rest);
                 if lost > 0 {
-                    metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest").increment(lost);
+                    Dropped::DropOldest.count(lost);
                 }
             }
             break;
@@ -701,13 +690,13 @@ fn too_large_for_this_config(buffer: &Buffer, pos: SpoolPos, cost: usize) {
         cost,
         "a spooled record is larger than max_record_size now allows; given up and counted"
     );
-    metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "message_size_too_large").increment(1);
+    Failed::MessageSizeTooLarge.count(1);
     if let Some(spool) = buffer.spool() {
         // The spool writer's housekeeping deletes the segment once it is done (file I/O is
         // not for a runtime worker).
         let (_, parked) = spool.done(pos);
         if let Some(ack) = parked {
-            ack.refused("message_size_too_large");
+            ack.refused(Failed::MessageSizeTooLarge);
         }
     }
     buffer.notify_settled();

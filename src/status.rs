@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::telemetry;
+use crate::telemetry::outcome::Reload;
+
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -134,7 +137,7 @@ pub async fn status(address: SocketAddr, interval: Duration) -> Result<String, S
     tokio::time::sleep(interval).await;
     let second = Scrape::parse(&fetch(address, "/metrics").await?);
     let ready = fetch(address, "/readyz").await.unwrap_or_default();
-    if second.sum("sluice_build_info", &[]) == 0.0 {
+    if second.sum(telemetry::BUILD_INFO, &[]) == 0.0 {
         return Err(StatusError::NotSluice(address));
     }
     Ok(render(&first, &second, started.elapsed(), ready.trim()))
@@ -151,9 +154,9 @@ fn mib(bytes: f64) -> String {
 /// The view, from two scrapes `elapsed` apart.
 pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -> String {
     let seconds = elapsed.as_secs_f64().max(0.001);
-    let role = second.label("sluice_build_info", "role").unwrap_or_else(|| "?".into());
-    let version = second.label("sluice_build_info", "version").unwrap_or_default();
-    let sha = second.label("sluice_build_info", "git_sha").unwrap_or_default();
+    let role = second.label(telemetry::BUILD_INFO, "role").unwrap_or_else(|| "?".into());
+    let version = second.label(telemetry::BUILD_INFO, "version").unwrap_or_default();
+    let sha = second.label(telemetry::BUILD_INFO, "git_sha").unwrap_or_default();
     let mut out =
         format!("sluice {role} {version} ({sha}) — {}\n", if ready.is_empty() { "no /readyz answer" } else { ready });
     let reasons = |name: &str| {
@@ -169,56 +172,56 @@ pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -
         let _ = writeln!(
             out,
             "records   in {:.0}/s   out {:.0}/s   total in {} out {}",
-            rate(first, second, "sluice_ingest_records_total", &[], seconds),
-            rate(first, second, "sluice_ship_records_delivered_total", &[], seconds),
-            second.sum("sluice_ingest_records_total", &[]),
-            second.sum("sluice_ship_records_delivered_total", &[]),
+            rate(first, second, telemetry::INGEST_RECORDS, &[], seconds),
+            rate(first, second, telemetry::SHIP_DELIVERED, &[], seconds),
+            second.sum(telemetry::INGEST_RECORDS, &[]),
+            second.sum(telemetry::SHIP_DELIVERED, &[]),
         );
-        let held = second.sum("sluice_buffer_bytes", &[]);
-        let capacity = second.sum("sluice_buffer_capacity_bytes", &[]).max(1.0);
+        let held = second.sum(telemetry::BUFFER_BYTES, &[]);
+        let capacity = second.sum(telemetry::BUFFER_CAPACITY_BYTES, &[]).max(1.0);
         let _ = writeln!(
             out,
             "buffer    {} records, {} of {} ({:.0}%)   oldest waiting {:.1} s",
-            second.sum("sluice_buffer_records", &[]),
+            second.sum(telemetry::BUFFER_RECORDS, &[]),
             mib(held),
             mib(capacity),
             100.0 * held / capacity,
-            second.sum("sluice_buffer_oldest_record_age_seconds", &[]),
+            second.sum(telemetry::BUFFER_OLDEST_AGE, &[]),
         );
-        if second.sum("sluice_spool_capacity_bytes", &[]) > 0.0 {
+        if second.sum(telemetry::SPOOL_CAPACITY_BYTES, &[]) > 0.0 {
             let _ = writeln!(
                 out,
                 "spool     {} records, {} of {}   write errors {}",
-                second.sum("sluice_spool_records", &[]),
-                mib(second.sum("sluice_spool_bytes", &[])),
-                mib(second.sum("sluice_spool_capacity_bytes", &[])),
-                second.sum("sluice_spool_errors_total", &[]),
+                second.sum(telemetry::SPOOL_RECORDS, &[]),
+                mib(second.sum(telemetry::SPOOL_BYTES, &[])),
+                mib(second.sum(telemetry::SPOOL_CAPACITY_BYTES, &[])),
+                second.sum(telemetry::SPOOL_ERRORS, &[]),
             );
         }
-        let p99 = second.quantile("sluice_ship_delivery_latency_seconds", 0.99);
+        let p99 = second.quantile(telemetry::SHIP_DELIVERY_LATENCY, 0.99);
         let _ = writeln!(
             out,
             "kafka     {}   in flight {}   delivery errors {:.1}/s   p99 ingest→ack {}",
-            if second.sum("sluice_kafka_reachable", &[]) > 0.0 { "reachable" } else { "UNREACHABLE" },
-            second.sum("sluice_kafka_requests_in_flight", &[]),
-            rate(first, second, "sluice_ship_delivery_errors_total", &[], seconds),
+            if second.sum(telemetry::KAFKA_REACHABLE, &[]) > 0.0 { "reachable" } else { "UNREACHABLE" },
+            second.sum(telemetry::librdkafka::REQUESTS_IN_FLIGHT, &[]),
+            rate(first, second, telemetry::SHIP_DELIVERY_ERRORS, &[], seconds),
             p99.map_or("-".into(), |p| format!("{:.0} ms", p * 1000.0)),
         );
-        let _ = writeln!(out, "dropped   {}", reasons("sluice_buffer_records_dropped_total"));
-        let _ = writeln!(out, "rejected  {}", reasons("sluice_ingest_records_rejected_total"));
-        let _ = writeln!(out, "given up  {}", reasons("sluice_ship_records_failed_total"));
+        let _ = writeln!(out, "dropped   {}", reasons(telemetry::BUFFER_DROPPED));
+        let _ = writeln!(out, "rejected  {}", reasons(telemetry::INGEST_REJECTED));
+        let _ = writeln!(out, "given up  {}", reasons(telemetry::SHIP_FAILED));
     } else {
-        let p99 = second.quantile("sluice_persist_batch_duration_seconds", 0.99);
+        let p99 = second.quantile(telemetry::PERSIST_BATCH_SECONDS, 0.99);
         let _ = writeln!(
             out,
             "rows      {:.0}/s   batches {:.1}/s   p99 batch {}   write errors {}",
-            rate(first, second, "sluice_persist_rows_written_total", &[], seconds),
-            rate(first, second, "sluice_persist_batches_total", &[], seconds),
+            rate(first, second, telemetry::PERSIST_ROWS, &[], seconds),
+            rate(first, second, telemetry::PERSIST_BATCHES, &[], seconds),
             p99.map_or("-".into(), |p| format!("{:.0} ms", p * 1000.0)),
-            second.sum("sluice_persist_write_errors_total", &[]),
+            second.sum(telemetry::PERSIST_WRITE_ERRORS, &[]),
         );
-        let lag = second.by_label("sluice_persist_lag_records", "partition");
-        let behind = second.by_label("sluice_persist_lag_seconds", "partition").into_values().fold(0.0, f64::max);
+        let lag = second.by_label(telemetry::PERSIST_LAG_RECORDS, "partition");
+        let behind = second.by_label(telemetry::PERSIST_LAG_SECONDS, "partition").into_values().fold(0.0, f64::max);
         let parts: Vec<String> = lag.iter().map(|(partition, records)| format!("p{partition} {records}")).collect();
         let _ = writeln!(
             out,
@@ -226,20 +229,20 @@ pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -
             lag.values().sum::<f64>() + 0.0,
             if parts.is_empty() { "none assigned".into() } else { parts.join(", ") },
             behind,
-            second.sum("sluice_persist_assigned_partitions", &[]),
+            second.sum(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]),
         );
-        let _ = writeln!(out, "dead      {}", reasons("sluice_persist_dead_letters_total"));
+        let _ = writeln!(out, "dead      {}", reasons(telemetry::PERSIST_DEAD_LETTERS));
     }
     let _ = writeln!(
         out,
         "config    {}   reloads applied {} rejected {}",
         second
-            .by_label("sluice_config_info", "hash")
+            .by_label(telemetry::CONFIG_INFO, "hash")
             .into_iter()
             .find(|(_, value)| *value > 0.0)
             .map_or("-".into(), |(hash, _)| hash),
-        second.sum("sluice_config_reloads_total", &["result=\"applied\""]),
-        second.sum("sluice_config_reloads_total", &["result=\"rejected\""]),
+        second.sum(telemetry::CONFIG_RELOADS, &[&format!("result=\"{}\"", Reload::Applied.as_str())]),
+        second.sum(telemetry::CONFIG_RELOADS, &[&format!("result=\"{}\"", Reload::Rejected.as_str())]),
     );
     out
 }

@@ -12,6 +12,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use crate::config::{LogConfig, LogFormat};
 
 pub mod librdkafka;
+pub mod outcome;
 
 /// Label key for the cause of a rejection, drop or failure.
 pub const REASON: &str = "reason";
@@ -105,18 +106,6 @@ pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
 pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 /// Messages that could not be parsed as a sluice envelope, kept in `dead_letters`, by `reason`.
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
-/// Every `reason` of [`PERSIST_DEAD_LETTERS`] (docs/METRICS.md lists the same): a dead letter
-/// with any other reason would be a series nobody registered or documented.
-pub const DEAD_LETTER_REASONS: &[&str] = &[
-    "malformed_envelope",
-    "unsupported_version",
-    "missing_message",
-    "nul_character",
-    "rejected_by_postgres",
-    "empty_message",
-    "expired",
-    "ingest_time_in_future",
-];
 /// Messages stored neither as a row nor as a dead letter (PostgreSQL refused the dead letter
 /// too), by `reason`; each is logged at ERROR with its topic, partition and offset, where it can
 /// still be read from Kafka until the topic's retention ends.
@@ -141,51 +130,6 @@ pub const CONFIG_INFO: &str = "sluice_config_info";
 pub const BUILD_INFO: &str = "sluice_build_info";
 /// 1 while the process reports ready on `/readyz`.
 pub const READY: &str = "sluice_ready";
-
-/// Why a record was refused at the socket. The label value is [`Rejected::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejected {
-    /// Longer than the listener's `max_record_size`.
-    TooLarge,
-    /// Not valid UTF-8.
-    InvalidUtf8,
-    /// An empty record.
-    Empty,
-    /// Contains a NUL byte (PostgreSQL text cannot hold U+0000).
-    ContainsNul,
-    /// JSON nested deeper than `ingest.max_json_depth`.
-    TooDeep,
-    /// Not a valid frame or message of the listener's protocol.
-    Malformed,
-    /// Over its rate limit with `action = "drop"`.
-    RateLimited,
-}
-
-impl Rejected {
-    /// Every reason, for creating the series at zero.
-    pub const ALL: [Rejected; 7] = [
-        Rejected::TooLarge,
-        Rejected::InvalidUtf8,
-        Rejected::Empty,
-        Rejected::ContainsNul,
-        Rejected::TooDeep,
-        Rejected::Malformed,
-        Rejected::RateLimited,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rejected::TooLarge => "too_large",
-            Rejected::InvalidUtf8 => "invalid_utf8",
-            Rejected::Empty => "empty",
-            Rejected::ContainsNul => "contains_nul",
-            Rejected::TooDeep => "too_deep",
-            Rejected::Malformed => "malformed",
-            Rejected::RateLimited => "rate_limited",
-        }
-    }
-}
 
 /// How often histogram samples are folded into their buckets. The exporter keeps every sample
 /// recorded since the last fold (~16 bytes each, in blocks of 64) until a scrape or an upkeep:
@@ -308,26 +252,22 @@ fn describe_all() {
     describe_gauge!(READY, "1 while /readyz answers 200.");
     describe_counter!(CONFIG_RELOADS, "Config reloads, by result.");
     describe_gauge!(CONFIG_INFO, "1 for the running config's fingerprint.");
-    for result in ["applied", "rejected", "unchanged"] {
-        metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    for result in outcome::Reload::ALL {
+        metrics::counter!(CONFIG_RELOADS, "result" => result.as_str()).increment(0);
     }
     describe_gauge!(PERSIST_LAG_RECORDS, "Records in the topic not yet persisted, per partition.");
     describe_gauge!(PERSIST_LAG_SECONDS, Unit::Seconds, "Age of the last persisted record while a partition lags.");
     librdkafka::describe();
 }
 
-/// Reasons a Kafka delivery commonly fails with, shown at 0 from the start so that dashboards
-/// and `rate()` see a series before the first failure.
-const COMMON_DELIVERY_ERRORS: &[&str] = &["message_timed_out", "message_size_too_large", "all_brokers_down"];
-
 /// Creates the agent's labelled series at zero (a series that appears only on the first event
 /// hides that event from `increase()`).
 pub fn register_agent_series() {
-    for reason in COMMON_DELIVERY_ERRORS {
-        metrics::counter!(SHIP_DELIVERY_ERRORS, REASON => *reason).increment(0);
+    for code in outcome::COMMON_DELIVERY_ERRORS {
+        metrics::counter!(SHIP_DELIVERY_ERRORS, REASON => outcome::kafka_error(code)).increment(0);
     }
-    for reason in ["message_size_too_large", "drain_timeout"] {
-        metrics::counter!(SHIP_FAILED, REASON => reason).increment(0);
+    for reason in outcome::Failed::ALL {
+        reason.count(0);
     }
     // The ingest series are created per listener when it binds.
     for name in [SHIP_DELIVERED, SHIP_DELIVERED_BYTES, SHIP_RETRIED] {
@@ -348,10 +288,12 @@ pub fn register_persist_series() {
     ] {
         metrics::counter!(name).increment(0);
     }
-    for reason in DEAD_LETTER_REASONS {
-        metrics::counter!(PERSIST_DEAD_LETTERS, REASON => *reason).increment(0);
+    for reason in outcome::DeadLetterReason::ALL {
+        reason.count(0);
     }
-    metrics::counter!(PERSIST_LOST, REASON => "dead_letter_rejected").increment(0);
+    for reason in outcome::Lost::ALL {
+        reason.count(0);
+    }
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);
 }
 

@@ -12,13 +12,13 @@
 //! the envelope says; or a dead letter with a documented reason, storable error text and the
 //! message kept byte for byte. A row the window refuses becomes a dead letter the same way. Every
 //! line the agent accepts becomes a row holding that line exactly, unless it holds an escaped
-//! U+0000 (then a `nul_character` dead letter). Memory stays in proportion to the message.
+//! U+0000 (then a `contains_nul` dead letter). Memory stays in proportion to the message.
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
 use sluice::envelope::{EnvelopeWriter, Peer, PodMetadata};
 use sluice::persist::row::{DeadLetter, MAX_ERROR_TEXT, Origin, Parsed, Row, Window, parse};
-use sluice::telemetry::DEAD_LETTER_REASONS;
+use sluice::telemetry::outcome::DeadLetterReason;
 
 use crate::alloc::peak_during;
 
@@ -106,20 +106,21 @@ pub fn line(bytes: &[u8]) {
         }
         Parsed::Dead(letter) => {
             assert_eq!(
-                letter.reason, "nul_character",
+                letter.reason,
+                DeadLetterReason::ContainsNul,
                 "the agent's envelope of {line:?} is a dead letter: {}",
                 letter.error
             );
-            assert!(escapes_nul(line), "a nul_character dead letter for a line without NUL: {line:?}");
+            assert!(escapes_nul(line), "a contains_nul dead letter for a line without NUL: {line:?}");
         }
     }
 }
 
 fn check_dead(letter: &DeadLetter, value: Option<&[u8]>) {
-    assert!(DEAD_LETTER_REASONS.contains(&letter.reason), "undocumented dead-letter reason {}", letter.reason);
+    assert!(DeadLetterReason::ALL.contains(&letter.reason), "undocumented dead-letter reason {:?}", letter.reason);
     storable_error(&letter.error);
     assert_eq!(letter.payload.as_deref(), value, "a dead letter keeps the message byte for byte");
-    assert_eq!(letter.reason == "empty_message", value.is_none(), "empty_message is for a message without value");
+    assert_eq!(letter.reason == DeadLetterReason::EmptyMessage, value.is_none(), "empty_message is for a message without value");
     assert_eq!(letter.origin, origin());
 }
 
@@ -171,9 +172,12 @@ fn check_row(row: &Row, value: &[u8]) {
 
     // The window: a row it refuses becomes a storable dead letter with a documented reason.
     if let Some((reason, error)) = window().refuses(row) {
-        assert!(["expired", "ingest_time_in_future"].contains(&reason), "window reason {reason}");
+        assert!(
+            [DeadLetterReason::Expired, DeadLetterReason::IngestTimeInFuture].contains(&reason),
+            "window reason {reason:?}"
+        );
         let letter = DeadLetter::new(row.origin.clone(), reason, &error, Some(row.payload.clone().into_bytes()));
-        assert!(DEAD_LETTER_REASONS.contains(&letter.reason));
+        assert!(DeadLetterReason::ALL.contains(&letter.reason));
         storable_error(&letter.error);
     }
 }

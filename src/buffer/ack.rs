@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
+use crate::telemetry::outcome::Refused;
+
 /// The point at which a writer hears that its record is safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckPoint {
@@ -44,12 +46,12 @@ impl AckPoint {
 /// What a writer is told, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AckEvent {
-    /// Record `seq` was refused for `reason` (a metric reason label).
+    /// Record `seq` was refused for `reason` (the word its metric counted it with).
     Refused {
         /// The record's number on its connection.
         seq: u64,
         /// Why.
-        reason: &'static str,
+        reason: Refused,
     },
     /// Every record numbered up to and including this is settled.
     Upto(u64),
@@ -108,7 +110,7 @@ struct State {
     /// Settled records beyond the watermark (settled out of order).
     settled_ahead: BTreeSet<u64>,
     /// Refusals not yet reported.
-    refusals: Vec<(u64, &'static str)>,
+    refusals: Vec<(u64, Refused)>,
     /// The watermark last reported.
     reported_upto: u64,
     /// The connection will issue no more numbers.
@@ -171,7 +173,7 @@ impl AckTracker {
         Ack { tracker: self.clone(), seq: state.issued, point: self.point }
     }
 
-    fn settle(&self, seq: u64, refused: Option<&'static str>) {
+    fn settle(&self, seq: u64, refused: Option<Refused>) {
         let mut state = self.lock();
         if let Some(reason) = refused {
             state.refusals.push((seq, reason));
@@ -293,15 +295,16 @@ impl Ack {
         self.tracker.settle(self.seq, None);
     }
 
-    /// The record will never get there; `reason` is the metric reason label.
-    pub fn refused(self, reason: &'static str) {
-        self.tracker.settle(self.seq, Some(reason));
+    /// The record will never get there, for `reason`.
+    pub fn refused(self, reason: impl Into<Refused>) {
+        self.tracker.settle(self.seq, Some(reason.into()));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::outcome::Dropped;
 
     #[test]
     fn the_watermark_advances_only_over_contiguous_settled_records() {
@@ -311,8 +314,11 @@ mod tests {
         assert!(tracker.take_events().is_empty(), "record 1 is still open");
         one.durable();
         assert_eq!(tracker.take_events(), vec![AckEvent::Upto(2)]);
-        three.refused("drop_newest");
-        assert_eq!(tracker.take_events(), vec![AckEvent::Refused { seq: 3, reason: "drop_newest" }, AckEvent::Upto(3)]);
+        three.refused(Dropped::DropNewest);
+        assert_eq!(
+            tracker.take_events(),
+            vec![AckEvent::Refused { seq: 3, reason: Refused::Dropped(Dropped::DropNewest) }, AckEvent::Upto(3)]
+        );
         assert!(tracker.all_reported());
     }
 

@@ -31,6 +31,7 @@ use tracing::{error, info, warn};
 
 use super::ack::Ack;
 use super::segment::{self, HEADER};
+use crate::telemetry::outcome::Dropped;
 
 #[cfg(test)]
 mod model;
@@ -383,7 +384,7 @@ impl Spool {
                 }
                 let parked = state.take_ack(pos);
                 for ack in [ack, parked].into_iter().flatten() {
-                    ack.refused("drop_oldest");
+                    ack.refused(Dropped::DropOldest);
                 }
                 continue;
             };
@@ -560,7 +561,7 @@ impl Spool {
                 .collect();
             for pos in lost_positions {
                 if let Some(ack) = state.take_ack(pos) {
-                    ack.refused("drop_oldest");
+                    ack.refused(Dropped::DropOldest);
                 }
             }
             // The `spooled` acks of records held in memory no longer have a file a sync could
@@ -618,7 +619,7 @@ impl Spool {
             .collect();
         for parked in lost_positions {
             if let Some(ack) = state.take_ack(parked) {
-                ack.refused("corrupt");
+                ack.refused(Dropped::Corrupt);
             }
         }
         (lost, skipped_bytes)
@@ -950,6 +951,9 @@ pub enum SpoolOp {
 }
 
 impl SpoolOp {
+    /// Every op, for creating the series at zero.
+    pub const ALL: [SpoolOp; 3] = [SpoolOp::Write, SpoolOp::Fsync, SpoolOp::Read];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {

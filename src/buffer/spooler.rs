@@ -20,6 +20,7 @@ use super::spool::{Appended, Entry, Fsync, SpoolIoError, SpoolOp, SpoolPos, Spoo
 use super::{Buffer, Record};
 use crate::config::WhenFull;
 use crate::telemetry;
+use crate::telemetry::outcome::{Dropped, Failed, Refused};
 
 /// Most records written per batch.
 const WRITE_BATCH: usize = 1024;
@@ -203,7 +204,7 @@ impl Spooler {
                 // Not a policy matter: hold the records and try again.
                 self.errors.report(&error, records.len(), "retrying");
                 if !self.pause(stop).await {
-                    return self.abandon(records, "drain_timeout");
+                    return self.abandon(records, Failed::DrainTimeout);
                 }
                 continue;
             }
@@ -213,21 +214,21 @@ impl Spooler {
                 // Keep the records and try again: readers feel it as backpressure.
                 WhenFull::Block => {
                     if !self.pause(stop).await {
-                        return self.abandon(records, "drain_timeout");
+                        return self.abandon(records, Failed::DrainTimeout);
                     }
                 }
                 WhenFull::DropOldest => {
                     if !self.drop_oldest_segment().await {
-                        return self.abandon(records, "drop_oldest");
+                        return self.abandon(records, Dropped::DropOldest);
                     }
                     // The disk, not the cap, is full: the room a drop frees may come only once
                     // the backlog reader lets go of the file. Without a pause one full disk
                     // would take every segment in a row.
                     if !self.pause(stop).await {
-                        return self.abandon(records, "drain_timeout");
+                        return self.abandon(records, Failed::DrainTimeout);
                     }
                 }
-                WhenFull::DropNewest => return self.abandon(records, "drop_newest"),
+                WhenFull::DropNewest => return self.abandon(records, Dropped::DropNewest),
             }
         }
     }
@@ -254,12 +255,12 @@ impl Spooler {
                     // Keep the oldest records that fit; only the newest ones are dropped.
                     let keep = self.fitting_prefix(records);
                     let newest = records.split_off(keep);
-                    self.abandon(newest, "drop_newest");
+                    self.abandon(newest, Dropped::DropNewest);
                     return (!records.is_empty()).then_some(records.len());
                 }
                 WhenFull::DropOldest => {
                     if !self.drop_oldest_segment().await {
-                        self.abandon(std::mem::take(records), "drop_oldest");
+                        self.abandon(std::mem::take(records), Dropped::DropOldest);
                         return None;
                     }
                 }
@@ -269,7 +270,7 @@ impl Spooler {
                         return Some(keep);
                     }
                     if !self.pause(stop).await {
-                        self.abandon(std::mem::take(records), "drain_timeout");
+                        self.abandon(std::mem::take(records), Failed::DrainTimeout);
                         return None;
                     }
                 }
@@ -302,8 +303,7 @@ impl Spooler {
         match dropped {
             Some(dropped) => {
                 warn!(segment = dropped.segment, lost = dropped.lost, "spool full: oldest segment dropped");
-                metrics::counter!(telemetry::BUFFER_DROPPED, telemetry::REASON => "drop_oldest")
-                    .increment(dropped.lost);
+                Dropped::DropOldest.count(dropped.lost);
                 self.buffer.wake_shipper();
                 self.buffer.notify_settled();
                 true
@@ -319,12 +319,12 @@ impl Spooler {
         }
     }
 
-    fn abandon(&self, records: Vec<Record>, reason: &'static str) {
+    fn abandon(&self, records: Vec<Record>, reason: impl Into<Refused>) {
+        let reason = reason.into();
         if records.is_empty() {
             return;
         }
-        let counter = if reason == "drain_timeout" { telemetry::SHIP_FAILED } else { telemetry::BUFFER_DROPPED };
-        metrics::counter!(counter, telemetry::REASON => reason).increment(records.len() as u64);
+        reason.count(records.len() as u64);
         for mut record in records {
             record.refuse(reason);
         }

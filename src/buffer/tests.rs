@@ -3,6 +3,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 
 use super::*;
+use crate::telemetry::outcome::{Dropped, Refused};
 
 /// `buffer.max_bytes` for leases covering exactly `n` records of `len` bytes each (a fifth of
 /// the configured budget is librdkafka's).
@@ -29,7 +30,7 @@ fn payload(len: usize) -> Bytes {
     Bytes::from(vec![b'x'; len])
 }
 
-async fn push(buffer: &Buffer, len: usize) -> Result<(), Dropped> {
+async fn push(buffer: &Buffer, len: usize) -> Result<(), BufferFull> {
     buffer.push(payload(len), None, 1_000, None, &mut Admission::default()).await
 }
 
@@ -57,7 +58,7 @@ async fn hands_out_records_in_order_and_holds_them_until_their_lease_is_dropped(
 async fn drops_newest_when_buffer_full_and_counts_it() {
     let buffer = buffer(room(1, 80) + 30, 10, WhenFull::DropNewest);
     push(&buffer, 80).await.expect("room");
-    assert_eq!(push(&buffer, 30).await, Err(Dropped::Full("drop_newest")));
+    assert_eq!(push(&buffer, 30).await, Err(BufferFull(Dropped::DropNewest)));
     assert_eq!(buffer.held_records(), 1);
 }
 
@@ -88,7 +89,7 @@ async fn drop_oldest_drops_the_new_record_when_everything_held_is_already_at_kaf
     push(&buffer, 5).await.expect("room");
     let mut in_flight = Vec::new();
     buffer.pop_batch(10, &mut in_flight);
-    assert_eq!(push(&buffer, 5).await, Err(Dropped::Full("drop_oldest")));
+    assert_eq!(push(&buffer, 5).await, Err(BufferFull(Dropped::DropOldest)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -118,11 +119,14 @@ async fn block_timeout_holds_a_writer_once_then_sheds_until_there_is_room() {
 
     let started = tokio::time::Instant::now();
     let first = buffer.push(payload(10), None, 1_000, None, &mut admission).await;
-    assert_eq!(first, Err(Dropped::Full("block_timeout")));
+    assert_eq!(first, Err(BufferFull(Dropped::BlockTimeout)));
     assert_eq!(started.elapsed(), Duration::from_secs(1), "held for exactly the timeout");
 
     let started = tokio::time::Instant::now();
-    assert_eq!(buffer.push(payload(10), None, 1_000, None, &mut admission).await, Err(Dropped::Full("block_timeout")));
+    assert_eq!(
+        buffer.push(payload(10), None, 1_000, None, &mut admission).await,
+        Err(BufferFull(Dropped::BlockTimeout))
+    );
     assert_eq!(started.elapsed(), Duration::ZERO, "while still full, later records are dropped at once");
 
     let mut batch = Vec::new();
@@ -209,7 +213,7 @@ async fn a_refused_record_settles_its_ack_as_refused_with_the_policy_name() {
     assert!(result.is_err());
     assert_eq!(
         tracker.take_events(),
-        vec![ack::AckEvent::Refused { seq: 1, reason: "drop_newest" }, ack::AckEvent::Upto(1)]
+        vec![ack::AckEvent::Refused { seq: 1, reason: Refused::from(Dropped::DropNewest) }, ack::AckEvent::Upto(1)]
     );
 }
 

@@ -14,6 +14,7 @@ use tracing::warn;
 
 use super::{Config, ConfigError};
 use crate::telemetry;
+use crate::telemetry::outcome::Reload;
 
 /// How often the file's content is compared with what is running.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -148,9 +149,9 @@ pub struct Reloading {
     pub log: Option<telemetry::LogHandle>,
 }
 
-/// Counts one reload attempt by `result` (`applied`, `rejected`, `unchanged`).
-pub fn count(result: &'static str) {
-    metrics::counter!(telemetry::CONFIG_RELOADS, "result" => result).increment(1);
+/// Counts one reload attempt by its result.
+pub fn count(result: Reload) {
+    metrics::counter!(telemetry::CONFIG_RELOADS, "result" => result.as_str()).increment(1);
 }
 
 /// Decides what to do with a watcher event: `None` when there is nothing to apply (rejected or
@@ -160,7 +161,7 @@ fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
         Event::Valid(new) => new,
         Event::Invalid(error) => {
             tracing::error!(%error, "config reload rejected; the running config stays");
-            count("rejected");
+            count(Reload::Rejected);
             return None;
         }
     };
@@ -170,7 +171,7 @@ fn judge(role: Role, running: &Config, event: Event) -> Option<Plan> {
     }
     if plan.live.is_empty() {
         tracing::info!("config reloaded; nothing that runs changed");
-        count("unchanged");
+        count(Reload::Unchanged);
         return None;
     }
     Some(plan)
@@ -182,7 +183,7 @@ fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
     publish(Some(&before), &after);
     tracing::info!(keys = ?plan.live, hash = %after, "config reloaded");
     *running.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.effective;
-    count("applied");
+    count(Reload::Applied);
 }
 
 /// Follows the config file at `path` until `stop`: each new config is judged for `role` against

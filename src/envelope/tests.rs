@@ -1,4 +1,5 @@
 use super::*;
+use crate::telemetry::outcome::DeadLetterReason;
 
 fn pod() -> PodMetadata {
     PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: Some("n1".into()) }
@@ -74,10 +75,10 @@ fn carries_pod_and_peer_metadata_and_omits_absent_fields() {
 
 #[test]
 fn rejects_envelopes_it_does_not_understand() {
-    assert_eq!(Envelope::parse(b"not json").expect_err("malformed").reason(), "malformed_envelope");
+    assert_eq!(Envelope::parse(b"not json").expect_err("malformed").reason(), DeadLetterReason::MalformedEnvelope);
     let future = br#"{"v":2,"id":"a","ingest_time":"2026-01-01T00:00:00Z","format":"text","record":{"message":"x"}}"#;
-    assert_eq!(Envelope::parse(future).expect_err("version").reason(), "unsupported_version");
+    assert_eq!(Envelope::parse(future).expect_err("version").reason(), DeadLetterReason::UnsupportedVersion);
     let no_message = br#"{"v":1,"id":"a","ingest_time":"2026-01-01T00:00:00Z","format":"text","record":{"msg":"x"}}"#;
     let envelope = Envelope::parse(no_message).expect("parses");
-    assert_eq!(envelope.payload().expect_err("no message").reason(), "missing_message");
+    assert_eq!(envelope.payload().expect_err("no message").reason(), DeadLetterReason::MissingMessage);
 }

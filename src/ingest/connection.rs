@@ -35,7 +35,7 @@ use super::{IngestContext, ListenerContext};
 use crate::buffer::ack::{AckEvent, AckTracker};
 use crate::config::Protocol;
 use crate::envelope::{EnvelopeWriter, Peer};
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::{ConnectionRefused, Rejected};
 
 /// After shutdown starts, a connection keeps reading while data keeps coming, and stops once it
 /// has been idle this long, or when the agent tells it to (half the drain timeout): then it
@@ -92,7 +92,7 @@ pub async fn serve(
     };
     if !listener.admits(&peer) {
         debug!(uid = peer.uid, gid = peer.gid, "peer not in the allowlist; closing");
-        listener.metrics.refused("peer_denied");
+        listener.metrics.refused(ConnectionRefused::PeerDenied);
         return;
     }
     debug!(pid = ?peer.pid, uid = peer.uid, "connection opened");
@@ -473,7 +473,7 @@ async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, a
         text.clear();
         for event in events {
             match event {
-                AckEvent::Refused { seq, reason } => text.push_str(&format!("NAK {seq} {reason}\n")),
+                AckEvent::Refused { seq, reason } => text.push_str(&format!("NAK {seq} {}\n", reason.as_str())),
                 AckEvent::Upto(seq) => text.push_str(&format!("ACK {seq}\n")),
             }
         }

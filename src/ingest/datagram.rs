@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use super::limit::LimitKey;
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::Rejected;
 
 /// Receives datagrams until `stop`, then removes the socket's path (a writer's next `sendto`
 /// fails instead of queueing where nobody will read) and takes what is already queued, until the

@@ -26,7 +26,7 @@ use tracing::debug;
 
 use super::framing::Frame;
 use crate::buffer::ack::{AckEvent, AckTracker};
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::Rejected;
 
 mod decode;
 #[cfg(test)]

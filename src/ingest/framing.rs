@@ -31,7 +31,7 @@ pub enum Frame {
     },
     /// The stream cannot be framed any further (a length that is not a number, a truncated
     /// frame, an impossible msgpack marker): count `reason` and close the connection.
-    Broken(crate::telemetry::Rejected),
+    Broken(crate::telemetry::outcome::Rejected),
 }
 
 /// Decoder for newline-delimited records of at most `max_len` bytes.
@@ -153,7 +153,7 @@ impl OctetFramer {
     fn broken(&mut self, buf: &mut BytesMut) -> Frame {
         buf.clear();
         self.state = OctetState::Broken;
-        Frame::Broken(crate::telemetry::Rejected::Malformed)
+        Frame::Broken(crate::telemetry::outcome::Rejected::Malformed)
     }
 }
 

@@ -13,7 +13,7 @@
 //!   `reason="too_deep"`. JSON parsers recurse per level; this bounds their stack and time. The
 //!   scan does not parse, so text that only looks like deep JSON is refused too.
 
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::Rejected;
 
 /// Checks one record and returns it as text.
 pub fn validate(bytes: &[u8], max_json_depth: usize) -> Result<&str, Rejected> {

@@ -16,7 +16,7 @@ use super::{IngestContext, KeyRule, ListenerContext, record, syslog};
 use crate::buffer::Admission;
 use crate::buffer::ack::Ack;
 use crate::config::{Protocol, RateLimitAction};
-use crate::telemetry::{self, Rejected};
+use crate::telemetry::outcome::{Failed, Rejected};
 
 /// Flush local counters after this many records.
 const COUNTER_FLUSH_EVERY: u64 = 256;
@@ -104,9 +104,9 @@ impl<'a> RecordSink<'a> {
     /// Counts a refused record and refuses its ack.
     pub fn reject(&self, reason: Rejected, ack: Option<Ack>) {
         trace!(reason = reason.as_str(), "record refused");
-        self.listener.metrics.rejected(reason.as_str());
+        self.listener.metrics.rejected(reason);
         if let Some(ack) = ack {
-            ack.refused(reason.as_str());
+            ack.refused(reason);
         }
     }
 
@@ -194,7 +194,7 @@ impl<'a> RecordSink<'a> {
 
     /// A record given up at the drain deadline (its ack, never settled, is not acknowledged).
     fn abandoned(&self) {
-        metrics::counter!(telemetry::SHIP_FAILED, telemetry::REASON => "drain_timeout").increment(1);
+        Failed::DrainTimeout.count(1);
         self.ingest.abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 

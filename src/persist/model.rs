@@ -94,7 +94,7 @@ enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Row,
-    Letter(&'static str),
+    Letter(DeadLetterReason),
     Lost,
 }
 
@@ -102,12 +102,12 @@ impl Kind {
     fn outcome(self) -> Outcome {
         match self {
             Kind::Good | Kind::Large => Outcome::Row,
-            Kind::Invalid => Outcome::Letter("malformed_envelope"),
-            Kind::Empty => Outcome::Letter("empty_message"),
-            Kind::Nul => Outcome::Letter("nul_character"),
-            Kind::Expired => Outcome::Letter("expired"),
-            Kind::Future => Outcome::Letter("ingest_time_in_future"),
-            Kind::RefusedRow | Kind::RefusedNonAscii => Outcome::Letter("rejected_by_postgres"),
+            Kind::Invalid => Outcome::Letter(DeadLetterReason::MalformedEnvelope),
+            Kind::Empty => Outcome::Letter(DeadLetterReason::EmptyMessage),
+            Kind::Nul => Outcome::Letter(DeadLetterReason::ContainsNul),
+            Kind::Expired => Outcome::Letter(DeadLetterReason::Expired),
+            Kind::Future => Outcome::Letter(DeadLetterReason::IngestTimeInFuture),
+            Kind::RefusedRow | Kind::RefusedNonAscii => Outcome::Letter(DeadLetterReason::RejectedByPostgres),
             Kind::RefusedEverywhere | Kind::RefusedLetter => Outcome::Lost,
         }
     }
@@ -229,7 +229,7 @@ struct World {
     stores_refused: u64,
     /// PostgreSQL: rows by (partition, offset) (the record id says it) and who wrote them first.
     rows: BTreeMap<At, By>,
-    letters: BTreeMap<At, (&'static str, String, By)>,
+    letters: BTreeMap<At, (DeadLetterReason, String, By)>,
     /// Lone dead letters in their final (ASCII) form refused: by us, by the other member.
     lost_ours: BTreeMap<At, u64>,
     lost_other: BTreeSet<At>,
@@ -562,15 +562,6 @@ impl Recorder for Counters {
     }
 }
 
-const REASONS: &[&str] = &[
-    "malformed_envelope",
-    "empty_message",
-    "nul_character",
-    "expired",
-    "ingest_time_in_future",
-    "rejected_by_postgres",
-];
-
 /// The checks after every step; `settled`: PostgreSQL healthy long enough for every message.
 fn check(world: &World, counters: &Counters, settled: bool, when: &str) -> Result<(), TestCaseError> {
     prop_assert!(world.violations.is_empty(), "{}: {:?}", when, world.violations);
@@ -595,7 +586,7 @@ fn check(world: &World, counters: &Counters, settled: bool, when: &str) -> Resul
         prop_assert!(!world.letters.contains_key(at), "{}: {:?} is a row and a dead letter", when, at);
     }
     for (at, (reason, ..)) in &world.letters {
-        prop_assert_eq!(world.kind(*at).outcome(), Outcome::Letter(reason), "{}: {:?} is a dead letter", when, at);
+        prop_assert_eq!(world.kind(*at).outcome(), Outcome::Letter(*reason), "{}: {:?} is a dead letter", when, at);
     }
     for at in world.lost_ours.keys() {
         prop_assert_eq!(world.kind(*at).outcome(), Outcome::Lost, "{}: {:?} counted lost", when, at);
@@ -623,11 +614,11 @@ fn check(world: &World, counters: &Counters, settled: bool, when: &str) -> Resul
     let mut expected = vec![
         ("rows written", count(telemetry::PERSIST_ROWS, None), inserted),
         ("duplicates", count(telemetry::PERSIST_DUPLICATES, None), world.duplicates),
-        ("lost", count(telemetry::PERSIST_LOST, Some("dead_letter_rejected")), lost),
+        ("lost", count(telemetry::PERSIST_LOST, Some(Lost::DeadLetterRejected.as_str())), lost),
     ];
-    for reason in REASONS {
-        let letters = world.letters.values().filter(|(stored, _, by)| stored == reason && *by == By::Us).count();
-        expected.push((reason, count(telemetry::PERSIST_DEAD_LETTERS, Some(reason)), letters as u64));
+    for reason in DeadLetterReason::ALL {
+        let letters = world.letters.values().filter(|(stored, _, by)| *stored == reason && *by == By::Us).count();
+        expected.push((reason.as_str(), count(telemetry::PERSIST_DEAD_LETTERS, Some(reason.as_str())), letters as u64));
     }
     for (what, counted, committed) in expected {
         // Counted as each part commits (or is refused), so also for a batch cut off by the drain.

@@ -14,6 +14,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::envelope::{Envelope, Format};
+use crate::telemetry::outcome::DeadLetterReason;
 
 #[cfg(test)]
 mod tests;
@@ -63,8 +64,8 @@ pub struct JsonText(pub String);
 pub struct DeadLetter {
     /// Where it came from.
     pub origin: Origin,
-    /// Metric label: why.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: DeadLetterReason,
     /// Human-readable detail, always storable as PostgreSQL text (see [`DeadLetter::new`]).
     pub error: String,
     /// The message value, byte for byte (`bytea`: any bytes can be stored).
@@ -79,7 +80,7 @@ impl DeadLetter {
     /// A dead letter whose error text can always be stored: a parser's or PostgreSQL's message
     /// may quote the bad input, and a text column refuses U+0000 (SQLSTATE 22021), so NUL is
     /// written as `\u0000`; the text is cut at [`MAX_ERROR_TEXT`] bytes.
-    pub fn new(origin: Origin, reason: &'static str, error: &str, payload: Option<Vec<u8>>) -> Self {
+    pub fn new(origin: Origin, reason: DeadLetterReason, error: &str, payload: Option<Vec<u8>>) -> Self {
         Self { origin, reason, error: storable_text(error, MAX_ERROR_TEXT), payload }
     }
 
@@ -139,12 +140,12 @@ pub struct Window {
 
 impl Window {
     /// Why `row` may not be written now, if it may not: the dead-letter reason and its text.
-    pub fn refuses(&self, row: &Row) -> Option<(&'static str, String)> {
+    pub fn refuses(&self, row: &Row) -> Option<(DeadLetterReason, String)> {
         if let Some(oldest) = self.oldest_day
             && row.ingest_time.date_naive() < oldest
         {
             return Some((
-                "expired",
+                DeadLetterReason::Expired,
                 format!(
                     "ingest_time {} is older than the retention period (oldest day kept: {oldest})",
                     row.ingest_time
@@ -153,7 +154,7 @@ impl Window {
         }
         if row.ingest_time > self.latest {
             return Some((
-                "ingest_time_in_future",
+                DeadLetterReason::IngestTimeInFuture,
                 format!(
                     "ingest_time {} is ahead of this persister's clock by more than persist.max_clock_skew (latest accepted: {})",
                     row.ingest_time, self.latest
@@ -176,7 +177,7 @@ const MAX_LEVEL_LEN: usize = 32;
 /// Turns one Kafka message value into a row or a dead letter.
 pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     let Some(bytes) = value else {
-        return dead(origin, "empty_message", "message has no value".into(), None);
+        return dead(origin, DeadLetterReason::EmptyMessage, "message has no value".into(), None);
     };
     let envelope = match Envelope::parse(bytes) {
         Ok(envelope) => envelope,
@@ -192,7 +193,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     if payload.contains('\0') || (record.contains("u0000") && contains_nul(record)) {
         return dead(
             origin,
-            "nul_character",
+            DeadLetterReason::ContainsNul,
             "record contains U+0000, which PostgreSQL text cannot store".into(),
             Some(bytes),
         );
@@ -205,7 +206,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     {
         return dead(
             origin,
-            "nul_character",
+            DeadLetterReason::ContainsNul,
             "envelope id or pod field contains U+0000, which PostgreSQL text cannot store".into(),
             Some(bytes),
         );
@@ -214,7 +215,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         Format::Json => {
             let fields = match serde_json::from_str::<DerivedFields<'_>>(record) {
                 Ok(fields) => fields,
-                Err(error) => return dead(origin, "malformed_envelope", error.to_string(), Some(bytes)),
+                Err(error) => return dead(origin, DeadLetterReason::MalformedEnvelope, error.to_string(), Some(bytes)),
             };
             (
                 fields.first(TIME_FIELDS).and_then(|value| event_time(&value)),
@@ -248,7 +249,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     }))
 }
 
-fn dead(origin: Origin, reason: &'static str, error: String, payload: Option<&[u8]>) -> Parsed {
+fn dead(origin: Origin, reason: DeadLetterReason, error: String, payload: Option<&[u8]>) -> Parsed {
     Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::telemetry::outcome::DeadLetterReason;
 
 fn row(n: i64) -> Row {
     let bytes = format!(r#"{{"v":1,"id":"i-{n}","ingest_time":"2026-11-30T01:02:03Z","format":"json","record":{{}}}}"#);
@@ -9,7 +10,12 @@ fn row(n: i64) -> Row {
 }
 
 fn letter(n: i64) -> DeadLetter {
-    DeadLetter::new(Origin { topic: "t".into(), partition: 0, offset: n }, "malformed_envelope", "x", None)
+    DeadLetter::new(
+        Origin { topic: "t".into(), partition: 0, offset: n },
+        DeadLetterReason::MalformedEnvelope,
+        "x",
+        None,
+    )
 }
 
 fn offsets(part: &Part) -> Vec<i64> {

@@ -285,7 +285,7 @@ impl Writer {
                         &letter.origin.topic,
                         &letter.origin.partition,
                         &letter.origin.offset,
-                        &letter.reason,
+                        &letter.reason.as_str(),
                         &letter.error,
                         &letter.payload,
                     ],

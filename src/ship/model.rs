@@ -72,7 +72,7 @@ use super::{InFlight, ShipContext, read_backlog};
 use crate::buffer::ack::{AckEvent, AckPoint, AckTracker};
 use crate::buffer::spool::{Fsync, Ledger, Spool, SpoolConfig, SpoolOp, SpoolPos, SpoolReader};
 use crate::buffer::spooler::{self, Spooler};
-use crate::buffer::{Admission, Buffer, Dropped, Policy, Work, segment};
+use crate::buffer::{Admission, Buffer, BufferFull, Policy, Work, segment};
 use crate::config::{Config, WhenFull};
 use crate::telemetry;
 
@@ -653,7 +653,7 @@ impl<'a> Run<'a> {
             for id in batch {
                 let ack = tracker.as_ref().map(|tracker| tracker.issue());
                 let pushed = buffer.push(payload(id), None, 1_000, ack, &mut admission).await;
-                log.lock().expect("log").push((id, pushed.map_err(|Dropped::Full(reason)| reason)));
+                log.lock().expect("log").push((id, pushed.map_err(|BufferFull(reason)| reason.as_str())));
             }
             admission
         }));
@@ -963,7 +963,7 @@ impl<'a> Run<'a> {
                 match event {
                     AckEvent::Refused { seq, reason } => {
                         let id = self.model.by_seq[&(w, seq, self.model.epoch)];
-                        self.model.records.get_mut(&id).expect("known").refusal = Some(reason);
+                        self.model.records.get_mut(&id).expect("known").refusal = Some(reason.as_str());
                         refused_now.push(id);
                     }
                     AckEvent::Upto(upto) => {

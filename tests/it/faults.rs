@@ -456,7 +456,7 @@ async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() 
         db.query_one("SELECT reason, kafka_offset FROM dead_letters", &[]).await.ok()
     })
     .await;
-    assert_eq!(letter.get::<_, String>(0), "nul_character");
+    assert_eq!(letter.get::<_, String>(0), "contains_nul");
     assert_eq!(letter.get::<_, i64>(1), 1);
     let payloads: Vec<String> = db
         .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])

@@ -102,7 +102,7 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 501.0);
     assert_eq!(agent.count("sluice_ship_delivery_latency_seconds_count", &[]), 501.0);
     assert!(agent.count("sluice_spool_capacity_bytes", &[]) > 0.0);
-    assert_eq!(persister.count("sluice_persist_dead_letters_total", &[("reason", "nul_character")]), 1.0);
+    assert_eq!(persister.count("sluice_persist_dead_letters_total", &[("reason", "contains_nul")]), 1.0);
     let build = agent.0.lines().find(|line| line.starts_with("sluice_build_info{")).expect("build info");
     assert!(build.contains("role=\"agent\"") && build.contains("git_sha=\""), "{build}");
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::telemetry::outcome::{Dropped, Refused};
 
 fn config(dir: &Path) -> SpoolConfig {
     SpoolConfig {
@@ -488,7 +489,7 @@ fn a_record_of_a_dropped_segment_is_never_acknowledged_by_a_later_sync() {
     spool.drop_oldest().expect("a sealed segment");
     assert_eq!(positions[0].segment, first);
     assert_eq!(spool.evicted(vec![(positions[0], None)]), 1, "evicted after its segment went: lost");
-    let refused = vec![AckEvent::Refused { seq: 1, reason: "drop_oldest" }, AckEvent::Upto(1)];
+    let refused = vec![AckEvent::Refused { seq: 1, reason: Refused::from(Dropped::DropOldest) }, AckEvent::Upto(1)];
     assert_eq!(tracker.take_events(), refused, "refused when it is lost");
     spool.synced(true);
     assert_eq!(tracker.take_events(), vec![], "and never acknowledged by the sync");

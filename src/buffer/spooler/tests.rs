@@ -11,6 +11,7 @@ use crate::buffer::ack::{AckEvent, AckTracker};
 use crate::buffer::spool::{Spool, SpoolConfig};
 use crate::buffer::{Admission, Work};
 use crate::config::{BufferConfig, BufferKind};
+use crate::telemetry::outcome::{Dropped, Refused};
 
 struct Setup {
     buffer: Buffer,
@@ -271,7 +272,8 @@ async fn a_full_disk_under_drop_newest_refuses_the_records_that_did_not_fit() {
     let records = s.accept(3).await;
     s.inject(SpoolOp::Write, io::Error::from_raw_os_error(28));
     s.spooler.write(records, &CancellationToken::new()).await;
-    let refused: Vec<AckEvent> = (1..=3).map(|seq| AckEvent::Refused { seq, reason: "drop_newest" }).collect();
+    let refused: Vec<AckEvent> =
+        (1..=3).map(|seq| AckEvent::Refused { seq, reason: Refused::from(Dropped::DropNewest) }).collect();
     let mut expected = refused;
     expected.push(AckEvent::Upto(3));
     assert_eq!(s.tracker.take_events(), expected);

@@ -21,7 +21,7 @@ use std::io::Read;
 use rmpv::ValueRef;
 
 use super::{ENVELOPE_LEVELS, Item, header};
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::Rejected;
 
 /// A message, decoded all at once: what [`events`] yields, collected ([`decode`]).
 #[derive(Debug, Default, PartialEq)]

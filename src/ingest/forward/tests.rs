@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::ingest::framing::tests::frames;
+use crate::telemetry::outcome::Dropped;
 
 fn pack(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
@@ -504,7 +505,7 @@ async fn a_chunk_refused_while_still_queued_beyond_the_pending_bound_is_not_ackn
     let mut acks = acks.into_iter();
     let (one, two, three, four) =
         (acks.next().expect("1"), acks.next().expect("2"), acks.next().expect("3"), acks.next().expect("4"));
-    four.refused("drop_newest");
+    four.refused(Dropped::DropNewest);
     tokio::task::yield_now().await;
     one.durable();
     two.durable();

@@ -1,5 +1,5 @@
 use super::*;
-use crate::telemetry::Rejected;
+use crate::telemetry::outcome::Rejected;
 
 /// Every frame `framer` cuts from `input`, read in those pieces, then end of stream. Shared by
 /// the tests of every framer (`super::super::forward` too).

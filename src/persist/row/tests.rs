@@ -2,6 +2,7 @@ use chrono::TimeZone;
 use serde_json::json;
 
 use super::*;
+use crate::telemetry::outcome::DeadLetterReason;
 
 fn origin() -> Origin {
     Origin { topic: "t".into(), partition: 0, offset: 7 }
@@ -81,10 +82,10 @@ fn levels_are_lower_cased_and_numeric_levels_named() {
 #[test]
 fn a_message_that_is_not_an_envelope_becomes_a_dead_letter_with_its_bytes() {
     let Parsed::Dead(letter) = parse(Some(b"hello from someone else"), origin()) else { panic!("dead letter") };
-    assert_eq!(letter.reason, "malformed_envelope");
+    assert_eq!(letter.reason, DeadLetterReason::MalformedEnvelope);
     assert_eq!(letter.payload.as_deref(), Some(&b"hello from someone else"[..]));
     let Parsed::Dead(letter) = parse(None, origin()) else { panic!("dead letter") };
-    assert_eq!(letter.reason, "empty_message");
+    assert_eq!(letter.reason, DeadLetterReason::EmptyMessage);
 }
 
 #[test]
@@ -92,11 +93,11 @@ fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_i
     let Parsed::Dead(letter) = parse(Some(&envelope("text", r#"{"message":"a\u0000b"}"#)), origin()) else {
         panic!("dead letter")
     };
-    assert_eq!(letter.reason, "nul_character");
+    assert_eq!(letter.reason, DeadLetterReason::ContainsNul);
     let Parsed::Dead(letter) = parse(Some(&envelope("json", r#"{"k":"a\u0000"}"#)), origin()) else {
         panic!("dead letter")
     };
-    assert_eq!(letter.reason, "nul_character");
+    assert_eq!(letter.reason, DeadLetterReason::ContainsNul);
     // An escaped backslash followed by "u0000" is not a NUL character.
     assert!(matches!(parse(Some(&envelope("json", r#"{"k":"a\\u0000"}"#)), origin()), Parsed::Row(_)));
 }
@@ -111,7 +112,7 @@ fn a_nul_in_a_record_nested_deeper_than_serde_json_builds_is_a_dead_letter() {
         let Parsed::Dead(letter) = parse(Some(&envelope("json", &record)), origin()) else {
             panic!("a dead letter for {record}")
         };
-        assert_eq!(letter.reason, "nul_character");
+        assert_eq!(letter.reason, DeadLetterReason::ContainsNul);
     }
     let record = format!(r#"{{"msg":"a\\u0000b","x":{deep}}}"#);
     assert!(matches!(parse(Some(&envelope("json", &record)), origin()), Parsed::Row(_)), "an escaped backslash");
@@ -124,7 +125,7 @@ fn a_nul_in_the_envelope_id_or_pod_fields_is_a_dead_letter() {
     let good = String::from_utf8(envelope("json", r#"{"msg":"ok"}"#)).expect("utf-8");
     for bad in [good.replace(r#""id":"i-1""#, r#""id":"i-\u00001""#), good.replace(r#""web""#, r#""w\u0000eb""#)] {
         let Parsed::Dead(letter) = parse(Some(bad.as_bytes()), origin()) else { panic!("a dead letter for {bad}") };
-        assert_eq!(letter.reason, "nul_character");
+        assert_eq!(letter.reason, DeadLetterReason::ContainsNul);
         assert!(!letter.error.contains('\0'));
     }
 }
@@ -155,17 +156,17 @@ fn a_json_record_that_is_not_an_object_has_no_derived_columns() {
 
 #[test]
 fn a_dead_letters_error_text_escapes_nul_and_is_cut_at_its_limit() {
-    let letter = DeadLetter::new(origin(), "malformed_envelope", "unknown variant `\u{0}`", None);
+    let letter = DeadLetter::new(origin(), DeadLetterReason::MalformedEnvelope, "unknown variant `\u{0}`", None);
     assert_eq!(letter.error, "unknown variant `\\u0000`");
     let long = "é".repeat(MAX_ERROR_TEXT);
-    let cut = DeadLetter::new(origin(), "malformed_envelope", &long, None).error;
+    let cut = DeadLetter::new(origin(), DeadLetterReason::MalformedEnvelope, &long, None).error;
     assert!(cut.len() <= MAX_ERROR_TEXT && cut.ends_with('…'), "{} bytes", cut.len());
     assert_eq!(storable_text("\u{0}\u{0}", 13), "\\u0000…", "an escape is never cut in half");
 }
 
 #[test]
 fn the_ascii_form_of_a_dead_letter_keeps_only_printable_ascii() {
-    let letter = DeadLetter::new(origin(), "rejected_by_postgres", "café ✓\nline", Some(b"x".to_vec()));
+    let letter = DeadLetter::new(origin(), DeadLetterReason::RejectedByPostgres, "café ✓\nline", Some(b"x".to_vec()));
     assert_eq!(letter.ascii_only().error, "caf? ??line");
     assert_eq!(letter.ascii_only().payload, Some(b"x".to_vec()));
 }
@@ -174,7 +175,7 @@ fn the_ascii_form_of_a_dead_letter_keeps_only_printable_ascii() {
 fn a_poison_envelope_with_a_nul_format_is_a_dead_letter_with_storable_text() {
     let bytes = br#"{"v":1,"id":"a-2","ingest_time":"2026-12-01T00:00:00Z","format":"\u0000","record":{}}"#;
     let Parsed::Dead(letter) = parse(Some(bytes), origin()) else { panic!("a dead letter") };
-    assert_eq!(letter.reason, "malformed_envelope");
+    assert_eq!(letter.reason, DeadLetterReason::MalformedEnvelope);
     assert!(!letter.error.contains('\0') && letter.error.contains("\\u0000"), "{}", letter.error);
     assert_eq!(letter.payload.as_deref(), Some(&bytes[..]));
 }
@@ -188,8 +189,8 @@ fn the_window_refuses_rows_older_than_retention_and_further_ahead_than_the_skew(
     let window = Window { oldest_day: Some(day("2026-11-30")), latest: latest("2026-11-30T01:02:03.000004Z") };
     assert_eq!(window.refuses(&row), None, "the oldest day kept and the latest instant are inside");
     let later = Window { oldest_day: Some(day("2026-12-01")), ..window };
-    assert_eq!(later.refuses(&row).map(|(reason, _)| reason), Some("expired"));
+    assert_eq!(later.refuses(&row).map(|(reason, _)| reason), Some(DeadLetterReason::Expired));
     let earlier = Window { latest: latest("2026-11-30T01:02:02Z"), ..window };
-    assert_eq!(earlier.refuses(&row).map(|(reason, _)| reason), Some("ingest_time_in_future"));
+    assert_eq!(earlier.refuses(&row).map(|(reason, _)| reason), Some(DeadLetterReason::IngestTimeInFuture));
     assert_eq!(Window { oldest_day: None, ..window }.refuses(&row), None, "retention 0 keeps everything");
 }

@@ -1,0 +1,429 @@
+//! Every way a record ends other than delivered or stored, as types: one enum per counter, each
+//! variant with the one word that names it everywhere — the metric's `reason` label, the `NAK`
+//! a writer reads, the dead letter's `reason` column, the logs and the docs.
+//!
+//! Owns: those words ([`Dropped::as_str`] and the like), the list of each kind (`ALL`: the series
+//! created at zero, and the docs test that checks docs/METRICS.md lists them), and counting an
+//! outcome on its counter (`count`), so a reason can never land on the wrong metric. Vector's
+//! `internal_events` are the pattern. Must not: hold records or decide anything — the components
+//! decide, this only names and counts what they decided. No reason word is written as a string
+//! anywhere else in the crate (a test greps for them).
+
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::{BUFFER_DROPPED, PERSIST_DEAD_LETTERS, PERSIST_LOST, REASON, SHIP_FAILED};
+
+/// Why a record was refused at the socket (`sluice_ingest_records_rejected_total`, per listener;
+/// counted by the listener's metrics, which carry its labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    /// Longer than the listener's `max_record_size`.
+    TooLarge,
+    /// Not valid UTF-8.
+    InvalidUtf8,
+    /// An empty record.
+    Empty,
+    /// Contains a NUL byte (PostgreSQL text cannot hold U+0000).
+    ContainsNul,
+    /// JSON nested deeper than `ingest.max_json_depth`.
+    TooDeep,
+    /// Not a valid frame or message of the listener's protocol.
+    Malformed,
+    /// Over its rate limit with `action = "drop"`.
+    RateLimited,
+}
+
+impl Rejected {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [Rejected; 7] = [
+        Rejected::TooLarge,
+        Rejected::InvalidUtf8,
+        Rejected::Empty,
+        Rejected::ContainsNul,
+        Rejected::TooDeep,
+        Rejected::Malformed,
+        Rejected::RateLimited,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejected::TooLarge => "too_large",
+            Rejected::InvalidUtf8 => "invalid_utf8",
+            Rejected::Empty => "empty",
+            Rejected::ContainsNul => "contains_nul",
+            Rejected::TooDeep => "too_deep",
+            Rejected::Malformed => "malformed",
+            Rejected::RateLimited => "rate_limited",
+        }
+    }
+}
+
+/// Why the buffer let a record go (`sluice_buffer_records_dropped_total`). The first three are
+/// the `buffer.when_full` policy at work and carry its config words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// Full under `when_full = "drop_newest"`: the new record went.
+    DropNewest,
+    /// Full under `when_full = "drop_oldest"`: the oldest records (or spool segment) went.
+    DropOldest,
+    /// Full under `when_full = "block"`, and the writer waited `block_timeout` in vain.
+    BlockTimeout,
+    /// Found damaged in the spool.
+    Corrupt,
+}
+
+impl Dropped {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [Dropped; 4] = [Dropped::DropNewest, Dropped::DropOldest, Dropped::BlockTimeout, Dropped::Corrupt];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::DropNewest => "drop_newest",
+            Dropped::DropOldest => "drop_oldest",
+            Dropped::BlockTimeout => "block_timeout",
+            Dropped::Corrupt => "corrupt",
+        }
+    }
+
+    /// Counts `records` dropped for this reason.
+    pub fn count(self, records: u64) {
+        metrics::counter!(BUFFER_DROPPED, REASON => self.as_str()).increment(records);
+    }
+}
+
+/// Why the shipper gave a record up (`sluice_ship_records_failed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// Not handed to Kafka (or not written to the spool) before the drain deadline.
+    DrainTimeout,
+    /// Larger than Kafka (or the current config) accepts.
+    MessageSizeTooLarge,
+    /// Kafka refused it as an invalid record.
+    InvalidRecord,
+    /// Kafka refused it for another reason that will not pass (the log line names it).
+    KafkaRefused,
+}
+
+impl Failed {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [Failed; 4] =
+        [Failed::DrainTimeout, Failed::MessageSizeTooLarge, Failed::InvalidRecord, Failed::KafkaRefused];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failed::DrainTimeout => "drain_timeout",
+            Failed::MessageSizeTooLarge => "message_size_too_large",
+            Failed::InvalidRecord => "invalid_record",
+            Failed::KafkaRefused => "kafka_refused",
+        }
+    }
+
+    /// Counts `records` given up for this reason.
+    pub fn count(self, records: u64) {
+        metrics::counter!(SHIP_FAILED, REASON => self.as_str()).increment(records);
+    }
+}
+
+/// Why an acknowledged-mode writer hears `NAK n <reason>`: the same word as the metric that
+/// counted the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Refused at the socket.
+    Rejected(Rejected),
+    /// Let go by the buffer.
+    Dropped(Dropped),
+    /// Given up by the shipper.
+    Failed(Failed),
+}
+
+impl Refused {
+    /// The word after `NAK n`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Rejected(reason) => reason.as_str(),
+            Refused::Dropped(reason) => reason.as_str(),
+            Refused::Failed(reason) => reason.as_str(),
+        }
+    }
+
+    /// Counts `records` on the counter of a buffer drop or a give-up. A socket rejection is
+    /// counted by its listener (its labels are the listener's).
+    pub fn count(self, records: u64) {
+        match self {
+            Refused::Rejected(_) => {}
+            Refused::Dropped(reason) => reason.count(records),
+            Refused::Failed(reason) => reason.count(records),
+        }
+    }
+}
+
+impl From<Rejected> for Refused {
+    fn from(reason: Rejected) -> Self {
+        Refused::Rejected(reason)
+    }
+}
+
+impl From<Dropped> for Refused {
+    fn from(reason: Dropped) -> Self {
+        Refused::Dropped(reason)
+    }
+}
+
+impl From<Failed> for Refused {
+    fn from(reason: Failed) -> Self {
+        Refused::Failed(reason)
+    }
+}
+
+/// Why a connection was closed at once (`sluice_ingest_connections_refused_total`, per listener).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionRefused {
+    /// The listener already serves `max_connections`.
+    MaxConnections,
+    /// The peer is not in the listener's `allow_uids`/`allow_gids`.
+    PeerDenied,
+}
+
+impl ConnectionRefused {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [ConnectionRefused; 2] = [ConnectionRefused::MaxConnections, ConnectionRefused::PeerDenied];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionRefused::MaxConnections => "max_connections",
+            ConnectionRefused::PeerDenied => "peer_denied",
+        }
+    }
+}
+
+/// Why a Kafka message went to `dead_letters` instead of `logs` (the column `reason` and the
+/// label of `sluice_persist_dead_letters_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeadLetterReason {
+    /// Not a sluice envelope.
+    MalformedEnvelope,
+    /// An envelope of a version this persister does not read.
+    UnsupportedVersion,
+    /// An envelope without a message.
+    MissingMessage,
+    /// Holds U+0000, which PostgreSQL text cannot (the agent rejects it at the socket with the
+    /// same word).
+    ContainsNul,
+    /// PostgreSQL refused the row.
+    RejectedByPostgres,
+    /// A Kafka message without a value.
+    EmptyMessage,
+    /// Older than `retention_days`.
+    Expired,
+    /// Its ingest time is further ahead of this clock than `max_clock_skew` allows.
+    IngestTimeInFuture,
+}
+
+impl DeadLetterReason {
+    /// Every reason (docs/METRICS.md lists the same).
+    pub const ALL: [DeadLetterReason; 8] = [
+        DeadLetterReason::MalformedEnvelope,
+        DeadLetterReason::UnsupportedVersion,
+        DeadLetterReason::MissingMessage,
+        DeadLetterReason::ContainsNul,
+        DeadLetterReason::RejectedByPostgres,
+        DeadLetterReason::EmptyMessage,
+        DeadLetterReason::Expired,
+        DeadLetterReason::IngestTimeInFuture,
+    ];
+
+    /// The `reason` column and label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::MalformedEnvelope => "malformed_envelope",
+            DeadLetterReason::UnsupportedVersion => "unsupported_version",
+            DeadLetterReason::MissingMessage => "missing_message",
+            DeadLetterReason::ContainsNul => "contains_nul",
+            DeadLetterReason::RejectedByPostgres => "rejected_by_postgres",
+            DeadLetterReason::EmptyMessage => "empty_message",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::IngestTimeInFuture => "ingest_time_in_future",
+        }
+    }
+
+    /// Counts `messages` kept as dead letters for this reason.
+    pub fn count(self, messages: u64) {
+        metrics::counter!(PERSIST_DEAD_LETTERS, REASON => self.as_str()).increment(messages);
+    }
+}
+
+/// Why the persister stored a message neither as a row nor as a dead letter
+/// (`sluice_persist_records_lost_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// PostgreSQL refused the row and then its dead letter too.
+    DeadLetterRejected,
+}
+
+impl Lost {
+    /// Every reason, for creating the series at zero.
+    pub const ALL: [Lost; 1] = [Lost::DeadLetterRejected];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lost::DeadLetterRejected => "dead_letter_rejected",
+        }
+    }
+
+    /// Counts `messages` lost for this reason.
+    pub fn count(self, messages: u64) {
+        metrics::counter!(PERSIST_LOST, REASON => self.as_str()).increment(messages);
+    }
+}
+
+/// The word for a librdkafka error (the `reason` of `sluice_ship_delivery_errors_total` and
+/// `sluice_kafka_errors_total`): its name in snake case, from librdkafka's fixed set.
+pub fn kafka_error(code: RDKafkaErrorCode) -> String {
+    let name = format!("{code:?}");
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The delivery errors shown at 0 from the start, so that dashboards and `rate()` see a series
+/// before the first failure.
+pub const COMMON_DELIVERY_ERRORS: [RDKafkaErrorCode; 3] =
+    [RDKafkaErrorCode::MessageTimedOut, RDKafkaErrorCode::MessageSizeTooLarge, RDKafkaErrorCode::AllBrokersDown];
+
+/// What a config reload did (`sluice_config_reloads_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    /// The new config runs.
+    Applied,
+    /// It did not validate; the running config stays.
+    Rejected,
+    /// The file did not change.
+    Unchanged,
+}
+
+impl Reload {
+    /// Every result, for creating the series at zero.
+    pub const ALL: [Reload; 3] = [Reload::Applied, Reload::Rejected, Reload::Unchanged];
+
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reload::Applied => "applied",
+            Reload::Rejected => "rejected",
+            Reload::Unchanged => "unchanged",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every word, each once: two outcomes of one counter never share a label.
+    #[test]
+    fn every_reason_has_one_word_and_no_word_two_meanings_on_one_counter() {
+        let mut words: Vec<&str> = Dropped::ALL.iter().map(|r| r.as_str()).collect();
+        words.extend(Failed::ALL.iter().map(|r| r.as_str()));
+        words.extend(Rejected::ALL.iter().map(|r| r.as_str()));
+        let mut unique = words.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), words.len(), "a NAK word names one outcome: {words:?}");
+        let letters: Vec<&str> = DeadLetterReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert!(
+            letters.contains(&Rejected::ContainsNul.as_str()),
+            "NUL has one name at the socket and in dead letters"
+        );
+    }
+
+    /// The production code outside this module and `telemetry` (tests aside) names no reason
+    /// and no metric as a string: it uses these types and the `telemetry` constants.
+    #[test]
+    fn no_reason_word_or_metric_name_is_written_as_a_string_outside_telemetry() {
+        let mut words: Vec<&str> = Vec::new();
+        words.extend(Rejected::ALL.iter().map(|r| r.as_str()));
+        words.extend(Dropped::ALL.iter().map(|r| r.as_str()));
+        words.extend(Failed::ALL.iter().map(|r| r.as_str()));
+        words.extend(ConnectionRefused::ALL.iter().map(|r| r.as_str()));
+        words.extend(DeadLetterReason::ALL.iter().map(|r| r.as_str()));
+        words.extend(Lost::ALL.iter().map(|r| r.as_str()));
+        words.extend(Reload::ALL.iter().map(|r| r.as_str()));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut offences = Vec::new();
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("src").filter_map(Result::ok) {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                let relative = path.strip_prefix(&root).expect("under src").to_string_lossy().into_owned();
+                if !name.ends_with(".rs") || name == "tests.rs" || name == "model.rs" {
+                    continue;
+                }
+                let in_telemetry = relative == "telemetry.rs" || relative.starts_with("telemetry/");
+                let text = std::fs::read_to_string(&path).expect("source");
+                // An inline test module closes the file by convention: it is a test.
+                let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+                for (number, line) in code.lines().enumerate() {
+                    let trimmed = line.trim_start();
+                    if trimmed.starts_with("//") || line.contains("key(\"") {
+                        continue;
+                    }
+                    let named = words.iter().find(|word| line.contains(&format!("\"{word}\"")));
+                    let metric = !in_telemetry && line.contains("\"sluice_");
+                    if (named.is_some() && !in_telemetry) || metric {
+                        offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(offences.is_empty(), "use telemetry::outcome and the telemetry constants:\n{}", offences.join("\n"));
+    }
+
+    /// docs/METRICS.md lists every reason of each counter, and docs/PROTOCOL.md every NAK word.
+    #[test]
+    fn the_docs_list_every_reason() {
+        let metrics_doc = include_str!("../../docs/METRICS.md");
+        let line = |metric: &str| {
+            metrics_doc.lines().find(|line| line.starts_with(&format!("| `{metric}`"))).unwrap_or_default().to_owned()
+        };
+        let mut lists: Vec<(&str, Vec<&str>)> = vec![
+            (super::super::INGEST_REJECTED, Rejected::ALL.iter().map(|r| r.as_str()).collect()),
+            (BUFFER_DROPPED, Dropped::ALL.iter().map(|r| r.as_str()).collect()),
+            (SHIP_FAILED, Failed::ALL.iter().map(|r| r.as_str()).collect()),
+            (PERSIST_DEAD_LETTERS, DeadLetterReason::ALL.iter().map(|r| r.as_str()).collect()),
+            (PERSIST_LOST, Lost::ALL.iter().map(|r| r.as_str()).collect()),
+            (super::super::INGEST_REFUSED, ConnectionRefused::ALL.iter().map(|r| r.as_str()).collect()),
+        ];
+        lists.push((super::super::CONFIG_RELOADS, Reload::ALL.iter().map(|r| r.as_str()).collect()));
+        for (metric, words) in &lists {
+            let documented = line(metric);
+            for word in words {
+                assert!(documented.contains(&format!("`{word}`")), "docs/METRICS.md: {metric} does not list `{word}`");
+            }
+        }
+        let protocol = include_str!("../../docs/PROTOCOL.md");
+        let nak =
+            protocol.split("NAK <n> <reason>").nth(1).and_then(|rest| rest.split("ACK <n>").next()).unwrap_or_default();
+        for word in lists[..3].iter().flat_map(|(_, words)| words) {
+            assert!(nak.contains(word), "docs/PROTOCOL.md's NAK list lacks {word}");
+        }
+    }
+}
