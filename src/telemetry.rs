@@ -30,7 +30,7 @@ pub const INGEST_IDLE_CLOSED: &str = "sluice_ingest_connections_idle_closed_tota
 pub const INGEST_RECORDS: &str = "sluice_ingest_records_total";
 /// Bytes of accepted records, as the app wrote them (without framing).
 pub const INGEST_BYTES: &str = "sluice_ingest_bytes_total";
-/// Records refused at the socket, by `reason` (see [`Rejected`]).
+/// Records refused at the socket, by `reason` (see [`outcome::Rejected`]).
 pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
 /// Records that waited for their rate limit (`action = "throttle"`).
 pub const INGEST_THROTTLED: &str = "sluice_ingest_records_throttled_total";
