@@ -1,9 +1,9 @@
-//! `postgres.url` read the way tokio-postgres reads it, for two questions: which TLS mode the
-//! persister connects with, and where the password is (to hide it when the config is shown).
+//! `[postgres]`: the database, and `postgres.url` read the way tokio-postgres reads it.
 //!
-//! Owns: the effective `sslmode` and its one-line description, and finding passwords in both
-//! forms of connection string (`postgres://…` URLs and libpq's `key=value` form). Must not:
-//! connect, or decide anything else about the URL (tokio-postgres parses it for connecting).
+//! Owns: the section's schema and checks, the effective `sslmode` and its one-line description,
+//! and finding passwords in both forms of connection string (`postgres://…` URLs and libpq's
+//! `key=value` form). Must not: connect, or decide anything else about the URL (tokio-postgres
+//! parses it for connecting).
 //!
 //! The reading here mirrors tokio-postgres 0.7's own parser (credentials up to the first `@`,
 //! percent-decoded parameter names, quoted values with backslash escapes), so that whatever the
@@ -14,9 +14,70 @@ use std::iter::Peekable;
 use std::ops::Range;
 use std::str::CharIndices;
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use tokio_postgres::config::SslMode;
 
-use super::{PostgresConfig, REDACTED};
+use super::{At, ConfigError, REDACTED};
+
+/// `[postgres]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// Connection URL, `postgres://user:password@host:port/db`. The password is redacted when
+    /// shown; prefer `SLUICE_POSTGRES__URL` from a Secret. Default
+    /// `"postgres://postgres@127.0.0.1:5432/sluice"`.
+    pub url: String,
+    /// Schema holding sluice's tables (created if missing). A plain lower-case identifier.
+    /// Default `"sluice"`.
+    pub schema: String,
+    /// How long one connection attempt may take. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// The CA certificate (PEM) that signed the server's certificate, when it is not one the
+    /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` or `require`. A URL
+    /// without `sslmode` means `require` when `ca_file` is set and `prefer` (TLS when the server
+    /// offers it, plaintext otherwise) when not. With TLS the certificate and host name are
+    /// always verified (libpq's `verify-full`). `sluice check-config` says which applies.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/sluice".into(),
+            schema: "sluice".into(),
+            connect_timeout: Duration::from_secs(10),
+            ca_file: None,
+        }
+    }
+}
+
+impl PostgresConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if self.url.parse::<tokio_postgres::Config>().is_err() {
+            return Err(at.invalid("url", "is not a PostgreSQL connection URL"));
+        }
+        if !valid_identifier(&self.schema) {
+            return Err(at.invalid(
+                "schema",
+                format!("`{}` must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 48 chars)", self.schema),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A PostgreSQL identifier safe to use unquoted (it is still quoted where used).
+pub fn valid_identifier(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
+        && name.len() <= 48
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
 
 impl PostgresConfig {
     /// The TLS mode the persister connects with. The URL's `sslmode` when it sets one; otherwise

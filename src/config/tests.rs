@@ -1,4 +1,8 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
 use super::*;
+use crate::config::postgres::redact_url_password;
 
 fn invalid_key(text: &str) -> String {
     match Config::from_toml(text) {

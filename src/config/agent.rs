@@ -1,0 +1,42 @@
+//! `[agent]`: the agent process's own settings (admin server, drain).
+//!
+//! Owns: the section's schema and checks. Must not: start anything.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{At, ConfigError, valid_address};
+
+/// `[agent]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`, `/config`). Default `"127.0.0.1:9464"`.
+    pub admin_listen: String,
+    /// Serve `/config` (the running config, secrets redacted) on the admin server: `true` or
+    /// `false`. Unset (the default): only when `admin_listen` is a loopback address; elsewhere
+    /// `/config` answers 403 saying how to enable it.
+    pub admin_config_endpoint: Option<bool>,
+    /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
+    /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            admin_listen: "127.0.0.1:9464".into(),
+            admin_config_endpoint: None,
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        valid_address(at, "admin_listen", &self.admin_listen)
+    }
+}

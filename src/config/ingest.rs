@@ -1,0 +1,311 @@
+//! `[ingest]` and `[ingest.listeners.NAME]`: the sockets apps write to, their protocols and
+//! limits.
+//!
+//! Owns: the section's schema and checks. Must not: bind a socket (ingest does).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use super::{At, ConfigError};
+
+/// `[ingest]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// The sockets apps write to, by name (the `listener` label of the ingest metrics). Giving
+    /// any replaces the default: one `lines` listener named `default` on
+    /// `/run/sluice/sluice.sock`.
+    pub listeners: BTreeMap<String, ListenerConfig>,
+    /// When writers in acknowledged mode hear that a record is safe: `"spooled"` (written to
+    /// the disk spool and synced per `buffer.fsync`; needs `buffer.type = "disk"`) or
+    /// `"delivered"` (acknowledged by Kafka). Default: `"spooled"` with a disk buffer,
+    /// `"delivered"` with a memory buffer. Applies to acknowledged lines and to Forward acks.
+    pub ack_point: Option<AckPointConfig>,
+    /// Deepest nesting accepted in a JSON record (objects and arrays); deeper ones are refused
+    /// with `reason="too_deep"`. Default `64`.
+    pub max_json_depth: u32,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            listeners: BTreeMap::from([("default".to_string(), ListenerConfig::default())]),
+            ack_point: None,
+            max_json_depth: 64,
+        }
+    }
+}
+
+/// `ingest.ack_point`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AckPointConfig {
+    /// In the disk spool.
+    Spooled,
+    /// Acknowledged by Kafka.
+    Delivered,
+}
+
+/// What a listener speaks. The names are the `protocol` label of the ingest metrics.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// One record per line (stream).
+    Lines,
+    /// RFC 6587 octet counting, `LEN SP MSG` (stream): records may contain newlines.
+    OctetCounted,
+    /// One record per datagram.
+    Datagram,
+    /// Syslog, RFC 5424 or RFC 3164, parsed into fields (datagram, or stream with newline or
+    /// octet-counted framing).
+    Syslog,
+    /// Fluentd's Forward protocol (msgpack; Message, Forward, PackedForward and
+    /// CompressedPackedForward modes; chunk acks) (stream).
+    Forward,
+}
+
+impl Protocol {
+    /// The name used in config and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Lines => "lines",
+            Protocol::OctetCounted => "octet_counted",
+            Protocol::Datagram => "datagram",
+            Protocol::Syslog => "syslog",
+            Protocol::Forward => "forward",
+        }
+    }
+}
+
+/// Socket type.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// `SOCK_STREAM`: connections.
+    Stream,
+    /// `SOCK_DGRAM`: one message per datagram.
+    Datagram,
+}
+
+/// `[ingest.listeners.NAME]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    /// What the socket speaks. Default `"lines"`.
+    pub protocol: Protocol,
+    /// Path of the Unix socket. Its directory is created. Default `"/run/sluice/sluice.sock"`.
+    pub socket: PathBuf,
+    /// `"stream"` or `"datagram"`; only `syslog` offers a choice (default `"datagram"`, what
+    /// `logger -u` and most syslog libraries send). Unset: the protocol's own.
+    pub transport: Option<Transport>,
+    /// Permission bits set on the socket after bind, as an octal string. Never world-writable
+    /// unless you write so. Default `"0660"`.
+    pub socket_mode: String,
+    /// Group (name or number) given to the socket after bind, e.g. the app's group. Unset: the
+    /// agent's own group.
+    pub socket_group: Option<String>,
+    /// Longest accepted record (a line, a frame, a datagram, a Forward message). A longer one is
+    /// discarded and counted with `reason="too_large"`. Default `1 MiB`.
+    pub max_record_size: ByteSize,
+    /// Most connections open at once; more are accepted and closed at once, counted with
+    /// `reason="max_connections"`. Default `1024`.
+    pub max_connections: u32,
+    /// A connection that sends nothing for this long is closed (`reason="idle"`). `"forever"`
+    /// keeps idle connections. Default `"10m"`.
+    #[serde(with = "super::serde_helpers::duration_or_forever")]
+    pub idle_timeout: Option<Duration>,
+    /// Only these peer uids may write (checked with `SO_PEERCRED`); empty: anyone who can open
+    /// the socket. A denied peer is closed and counted (`reason="peer_denied"`).
+    pub allow_uids: Vec<u32>,
+    /// Only peers with one of these gids may write; empty: any.
+    pub allow_gids: Vec<u32>,
+    /// Token buckets per connection or per peer. Unset: no rate limit.
+    pub rate_limit: Option<RateLimitConfig>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::Lines,
+            socket: PathBuf::from("/run/sluice/sluice.sock"),
+            transport: None,
+            socket_mode: "0660".into(),
+            socket_group: None,
+            max_record_size: ByteSize::mib(1),
+            max_connections: 1024,
+            idle_timeout: Some(Duration::from_secs(600)),
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            rate_limit: None,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// The socket mode as permission bits (validated at load).
+    pub fn socket_mode_bits(&self) -> u32 {
+        parse_mode(&self.socket_mode).unwrap_or(0o660)
+    }
+
+    /// The socket type this listener uses.
+    pub fn transport(&self) -> Transport {
+        match (self.protocol, self.transport) {
+            (Protocol::Datagram, _) => Transport::Datagram,
+            (Protocol::Syslog, transport) => transport.unwrap_or(Transport::Datagram),
+            _ => Transport::Stream,
+        }
+    }
+
+    /// `max_record_size` in bytes.
+    pub fn max_record_bytes(&self) -> usize {
+        usize::try_from(self.max_record_size.as_u64()).unwrap_or(usize::MAX)
+    }
+}
+
+/// `[ingest.listeners.NAME.rate_limit]`: token buckets (governor) in records/s and bytes/s.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Sustained records per second; unset: no record limit.
+    pub records_per_second: Option<u32>,
+    /// Sustained bytes per second; unset: no byte limit.
+    pub bytes_per_second: Option<ByteSize>,
+    /// How far above the rate a writer may burst, in seconds of rate. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub burst: Duration,
+    /// `"connection"`: a bucket per connection; `"peer"`: per writing uid (all its connections
+    /// share it). Default `"connection"`.
+    pub key: RateLimitKey,
+    /// `"throttle"`: stop reading that writer until tokens return (backpressure to it alone);
+    /// `"drop"`: read and discard, counted as `reason="rate_limited"`. Default `"throttle"`.
+    pub action: RateLimitAction,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            records_per_second: None,
+            bytes_per_second: None,
+            burst: Duration::from_secs(1),
+            key: RateLimitKey::Connection,
+            action: RateLimitAction::Throttle,
+        }
+    }
+}
+
+/// What a rate limit bucket belongs to.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitKey {
+    /// One bucket per connection.
+    Connection,
+    /// One bucket per writing uid.
+    Peer,
+}
+
+/// What exceeding a rate limit does.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RateLimitAction {
+    /// Stop reading until tokens return.
+    Throttle,
+    /// Discard and count.
+    Drop,
+}
+
+/// Highest rate a limit may name (governor counts in nanoseconds per token).
+const MAX_RATE: u64 = 1_000_000_000;
+
+fn parse_mode(text: &str) -> Option<u32> {
+    let bits = u32::from_str_radix(text.trim_start_matches("0o"), 8).ok()?;
+    (bits <= 0o777).then_some(bits)
+}
+
+impl IngestConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if self.listeners.is_empty() {
+            return Err(at.invalid("listeners", "must name at least one listener"));
+        }
+        let mut sockets = BTreeSet::new();
+        for (name, listener) in &self.listeners {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                return Err(at.invalid(&format!("listeners.{name}"), "a listener name is [A-Za-z0-9_-]+"));
+            }
+            if listener.socket.as_os_str().is_empty() || !sockets.insert(listener.socket.clone()) {
+                return Err(at.invalid(&format!("listeners.{name}.socket"), "must be a path no other listener uses"));
+            }
+            listener.validate(&at.within(&format!("listeners.{name}")))?;
+        }
+        if self.max_json_depth == 0 {
+            return Err(at.invalid("max_json_depth", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+impl ListenerConfig {
+    /// Checks what types alone cannot (the socket's uniqueness is the section's to check).
+    fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if parse_mode(&self.socket_mode).is_none() {
+            return Err(
+                at.invalid("socket_mode", format!("`{}` is not an octal permission like \"0660\"", self.socket_mode))
+            );
+        }
+        match (self.protocol, self.transport) {
+            (Protocol::Syslog, _) | (_, None) => {}
+            (Protocol::Datagram, Some(Transport::Datagram)) => {}
+            (Protocol::Lines | Protocol::OctetCounted | Protocol::Forward, Some(Transport::Stream)) => {}
+            (protocol, Some(_)) => {
+                return Err(at.invalid(
+                    "transport",
+                    format!("{} has one transport; only syslog offers a choice", protocol.as_str()),
+                ));
+            }
+        }
+        let record = self.max_record_size.as_u64();
+        if !(64..=64 * 1024 * 1024).contains(&record) {
+            return Err(at.invalid("max_record_size", "must be between 64 B and 64 MiB"));
+        }
+        if self.transport() == Transport::Datagram {
+            if record > 16 * 1024 * 1024 {
+                return Err(at.invalid("max_record_size", "a datagram listener takes at most 16 MiB"));
+            }
+            if !self.allow_uids.is_empty() {
+                return Err(at.invalid("allow_uids", "datagram sockets carry no peer credentials"));
+            }
+            if !self.allow_gids.is_empty() {
+                return Err(at.invalid("allow_gids", "datagram sockets carry no peer credentials"));
+            }
+            if self.rate_limit.as_ref().is_some_and(|limit| limit.key == RateLimitKey::Peer) {
+                return Err(at.invalid(
+                    "rate_limit.key",
+                    "datagram sockets carry no peer credentials; use \"connection\" (one bucket per socket)",
+                ));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err(at.invalid("max_connections", "must be at least 1"));
+        }
+        if self.idle_timeout.is_some_and(|timeout| timeout.is_zero()) {
+            return Err(at.invalid("idle_timeout", "must be greater than zero (or \"forever\")"));
+        }
+        if let Some(limit) = &self.rate_limit {
+            if limit.records_per_second.is_none() && limit.bytes_per_second.is_none() {
+                return Err(at.invalid("rate_limit", "needs records_per_second or bytes_per_second"));
+            }
+            let rates = [limit.records_per_second.map(u64::from), limit.bytes_per_second.map(|b| b.as_u64())];
+            if rates.into_iter().flatten().any(|rate| !(1..=MAX_RATE).contains(&rate)) {
+                return Err(at.invalid("rate_limit", format!("rates must be between 1 and {MAX_RATE} per second")));
+            }
+            if limit.burst.is_zero() {
+                return Err(at.invalid("rate_limit.burst", "must be greater than zero"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,123 @@
+//! `[kafka]`: the connection the agent's producer and the persister's consumer share, and the
+//! librdkafka properties sluice manages itself (no pass-through map may set them).
+//!
+//! Owns: the section's schema and checks, [`MANAGED_KAFKA_PROPERTIES`]. Must not: build a client
+//! (ship and persist do).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{At, ConfigError};
+
+/// `[kafka]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma-separated `host:port`. Default `"127.0.0.1:9092"`.
+    pub brokers: String,
+    /// The topic the agent produces to and the persister consumes. Default `"sluice-logs"`.
+    pub topic: String,
+    /// librdkafka properties passed through to both producer and consumer (TLS, SASL, ...).
+    /// Keys that sluice manages itself (acks, idempotence, queue sizes, ...) are rejected here
+    /// and must be set through their own key. Values of keys that look secret are redacted
+    /// when shown.
+    pub properties: BTreeMap<String, String>,
+    /// librdkafka properties whose values are secrets, read from environment variables (a
+    /// Kubernetes Secret) at start: property name → variable name, e.g.
+    /// `"sasl.password" = "SLUICE_KAFKA_SASL_PASSWORD"`. A missing variable is a config error.
+    pub properties_from_env: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "sluice-logs".into(),
+            properties: BTreeMap::new(),
+            properties_from_env: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// `properties` and the values of `properties_from_env`, for a librdkafka client.
+    pub fn client_properties(&self) -> BTreeMap<String, String> {
+        let mut properties = self.properties.clone();
+        for (property, variable) in &self.properties_from_env {
+            if let Ok(value) = std::env::var(variable) {
+                properties.insert(property.clone(), value);
+            }
+        }
+        properties
+    }
+}
+
+/// librdkafka properties that sluice sets itself; setting them through a pass-through map
+/// would silently weaken a guarantee (acks, idempotence) or a bound (queue sizes).
+pub(super) const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "kafka.brokers"),
+    ("metadata.broker.list", "kafka.brokers"),
+    ("acks", "(always `all`)"),
+    ("request.required.acks", "(always `all`)"),
+    ("enable.idempotence", "(always `true`)"),
+    ("queue.buffering.max.kbytes", "buffer.max_bytes"),
+    ("queue.buffering.max.messages", "buffer.max_records"),
+    ("message.timeout.ms", "ship.delivery_timeout"),
+    ("delivery.timeout.ms", "ship.delivery_timeout"),
+    ("compression.type", "ship.compression"),
+    ("compression.codec", "ship.compression"),
+    ("linger.ms", "ship.linger"),
+    ("queue.buffering.max.ms", "ship.linger"),
+    ("batch.size", "ship.batch_size"),
+    ("group.id", "persist.group_id"),
+    ("enable.auto.commit", "(managed by the persister)"),
+    ("enable.auto.offset.store", "(managed by the persister)"),
+    // librdkafka verifies brokers' certificates and host names by default; there is no sluice
+    // key to turn that off, so neither may a pass-through map.
+    ("enable.ssl.certificate.verification", "(always verified)"),
+    ("ssl.endpoint.identification.algorithm", "(always verified)"),
+];
+
+impl KafkaConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if self.brokers.trim().is_empty() {
+            return Err(at.invalid("brokers", "must name at least one host:port"));
+        }
+        if !valid_topic(&self.topic) {
+            return Err(at.invalid(
+                "topic",
+                format!("`{}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)", self.topic),
+            ));
+        }
+        for (property, variable) in &self.properties_from_env {
+            if std::env::var_os(variable).is_none() {
+                return Err(at.invalid(
+                    &format!("properties_from_env.\"{property}\""),
+                    format!("environment variable {variable} is not set"),
+                ));
+            }
+        }
+        reject_managed(at, "properties", &self.properties)?;
+        reject_managed(at, "properties_from_env", &self.properties_from_env)
+    }
+}
+
+/// A pass-through map (`<section>.<key>`) must not set a property sluice manages.
+pub(super) fn reject_managed(at: &At<'_>, key: &str, properties: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for property in properties.keys() {
+        if let Some((_, instead)) = MANAGED_KAFKA_PROPERTIES.iter().find(|(name, _)| name == property) {
+            return Err(at.invalid(&format!("{key}.\"{property}\""), format!("is managed by sluice; use {instead}")));
+        }
+    }
+    Ok(())
+}
+
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}

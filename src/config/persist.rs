@@ -1,0 +1,103 @@
+//! `[persist]`: the consumer group that writes to PostgreSQL.
+//!
+//! Owns: the section's schema and checks. Must not: connect to anything.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use super::{At, ConfigError, valid_address};
+
+/// `[persist]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PersistConfig {
+    /// Address of the persister's admin HTTP server. Default `"127.0.0.1:9465"`.
+    pub admin_listen: String,
+    /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
+    /// default): only when `admin_listen` is a loopback address.
+    pub admin_config_endpoint: Option<bool>,
+    /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails); what is
+    /// not written by then is re-read by the next owner. The final offset commit and the
+    /// consumer's close then get up to 5 s more (`persist::CLOSE_TIMEOUT`). Default `20s`.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Kafka consumer group. Default `"sluice-persist"`.
+    pub group_id: String,
+    /// A batch is written when it holds this many records... Default `5000`.
+    pub batch_max_records: usize,
+    /// ...or this many bytes of Kafka message values (a batch is closed before a message that
+    /// would take it past this; one message larger than this is written alone)... Default
+    /// `16 MiB`.
+    pub batch_max_bytes: ByteSize,
+    /// ...or when its first record has waited this long. Default `500ms`.
+    #[serde(with = "humantime_serde")]
+    pub batch_max_wait: Duration,
+    /// PostgreSQL connections writing batches at the same time, each for a fixed share of the
+    /// partitions (partition number modulo `writers`), so a partition's offsets are stored in
+    /// order. Reading and parsing go on while they write. Memory: up to three batches per
+    /// writer (one being filled, one waiting, one being written). Default `2`.
+    pub writers: usize,
+    /// Day partitions older than this many days are dropped; `0` keeps everything. Default `14`.
+    pub retention_days: u32,
+    /// Day partitions are created this many days ahead. Default `3`.
+    pub partitions_ahead_days: u32,
+    /// A record whose `ingest_time` is further ahead of this persister's clock than this is kept
+    /// in `dead_letters` (`reason="ingest_time_in_future"`) instead of `logs`: an agent with a
+    /// wrong clock must not create day partitions years ahead. (A record older than
+    /// `retention_days` is a dead letter too, `reason="expired"`.) Default `1d`.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
+    /// librdkafka properties for the consumer only, applied after `kafka.properties`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        Self {
+            admin_listen: "127.0.0.1:9465".into(),
+            admin_config_endpoint: None,
+            drain_timeout: Duration::from_secs(20),
+            group_id: "sluice-persist".into(),
+            batch_max_records: 5000,
+            batch_max_bytes: ByteSize::mib(16),
+            batch_max_wait: Duration::from_millis(500),
+            writers: 2,
+            retention_days: 14,
+            partitions_ahead_days: 3,
+            max_clock_skew: Duration::from_secs(24 * 3600),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl PersistConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        valid_address(at, "admin_listen", &self.admin_listen)?;
+        if self.group_id.is_empty() {
+            return Err(at.invalid("group_id", "must not be empty"));
+        }
+        if self.batch_max_records == 0 || self.batch_max_records > 100_000 {
+            return Err(at.invalid("batch_max_records", "must be between 1 and 100000"));
+        }
+        if self.batch_max_bytes.as_u64() < 1024 || self.batch_max_bytes.as_u64() > 1 << 30 {
+            return Err(at.invalid("batch_max_bytes", "must be between 1 KiB and 1 GiB"));
+        }
+        if self.batch_max_wait.is_zero() {
+            return Err(at.invalid("batch_max_wait", "must be greater than zero"));
+        }
+        if self.writers == 0 || self.writers > 32 {
+            return Err(at.invalid("writers", "must be between 1 and 32"));
+        }
+        if self.partitions_ahead_days > 366 {
+            return Err(at.invalid("partitions_ahead_days", "must be at most 366"));
+        }
+        if self.max_clock_skew < Duration::from_secs(60) || self.max_clock_skew > Duration::from_secs(366 * 86400) {
+            return Err(at.invalid("max_clock_skew", "must be between 1m and 366d"));
+        }
+        super::kafka::reject_managed(at, "properties", &self.properties)
+    }
+}

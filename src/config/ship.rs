@@ -1,0 +1,91 @@
+//! `[ship]`: how the agent produces to Kafka.
+//!
+//! Owns: the section's schema and checks. Must not: build the producer (ship does).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use super::{At, ConfigError};
+
+/// `[ship]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShipConfig {
+    /// `compression.type`: `none`, `gzip`, `snappy`, `lz4` or `zstd`. Default `"zstd"`.
+    pub compression: String,
+    /// How long librdkafka waits to fill a batch (`linger.ms`). Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+    /// Largest batch per partition request (`batch.size`). Default `1 MiB`.
+    pub batch_size: ByteSize,
+    /// How long librdkafka may try one send before reporting it failed (`message.timeout.ms`).
+    /// A record that times out is put back into the buffer and sent again, never dropped.
+    /// Default `2m`.
+    #[serde(with = "humantime_serde")]
+    pub delivery_timeout: Duration,
+    /// The Kafka message key: `"none"`, `"pod_name"`, or `"field"` (the JSON record's top-level
+    /// field named by `key_field`). Default `"none"`.
+    pub key: KeySource,
+    /// The field used when `key = "field"`. Records without it are sent without a key.
+    pub key_field: Option<String>,
+    /// librdkafka properties for the producer only, applied after `kafka.properties`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for ShipConfig {
+    fn default() -> Self {
+        Self {
+            compression: "zstd".into(),
+            linger: Duration::from_millis(5),
+            batch_size: ByteSize::mib(1),
+            delivery_timeout: Duration::from_secs(120),
+            key: KeySource::None,
+            key_field: None,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+/// Where a record's Kafka key comes from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// No key: librdkafka spreads records over partitions.
+    None,
+    /// The pod name from the Downward API (`POD_NAME`): one pod's records stay in order.
+    PodName,
+    /// A top-level field of JSON records (`ship.key_field`).
+    Field,
+}
+
+impl ShipConfig {
+    /// Checks what types alone cannot.
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.compression.as_str()) {
+            return Err(at.invalid(
+                "compression",
+                format!("`{}` is not one of none, gzip, snappy, lz4, zstd", self.compression),
+            ));
+        }
+        if self.linger > Duration::from_secs(900) {
+            return Err(at.invalid("linger", "must be at most 900s"));
+        }
+        if self.delivery_timeout < Duration::from_secs(1) {
+            return Err(at.invalid("delivery_timeout", "must be at least 1s"));
+        }
+        if self.batch_size.as_u64() == 0 || self.batch_size.as_u64() > i32::MAX as u64 {
+            return Err(at.invalid("batch_size", "must be between 1 B and 2 GiB"));
+        }
+        match (self.key, &self.key_field) {
+            (KeySource::Field, None) => return Err(at.invalid("key_field", "is required when ship.key = \"field\"")),
+            (KeySource::Field, Some(field)) if field.is_empty() => {
+                return Err(at.invalid("key_field", "must not be empty"));
+            }
+            _ => {}
+        }
+        super::kafka::reject_managed(at, "properties", &self.properties)
+    }
+}
