@@ -2,9 +2,9 @@
 //! `buffer.type = "disk"` agent from the moment it is written until Kafka acknowledges it.
 //!
 //! Owns: segment files (naming, rolling, fsync), start-up recovery (every frame checked; damaged
-//! regions counted and the original file kept in `quarantine/`, which holds the newest
-//! [`QUARANTINE_FILES`]; a segment recovery cannot repair for lack of room is read around its
-//! damage), starting without an active segment on a full disk, the per-segment
+//! regions counted and the original file kept in `quarantine/`; a segment recovery cannot
+//! repair for lack of room is read around its damage), starting without an active segment on a
+//! full disk, the per-segment
 //! bookkeeping that decides when a segment may be deleted, the disk cap, and reading the backlog
 //! back in order.
 //!
@@ -148,9 +148,6 @@ struct SegmentState {
     /// damaged regions, as (first damaged byte, next intact frame or end of file). The reader
     /// jumps over them. Empty for every other segment.
     skips: Vec<(u64, u64)>,
-    /// Damage (regions, bytes) recovery found but could not keep in the quarantine, so did not
-    /// count: kept (if it can be) and counted when the segment leaves the ledger.
-    uncounted_damage: Option<(u64, u64)>,
 }
 
 impl SegmentState {
@@ -312,7 +309,7 @@ impl Spool {
         ids.sort_unstable();
         for id in &ids {
             let path = segment_path(&config.dir, *id);
-            let Recovery { records, bytes, first_ingest_ms, skips, uncounted_damage } =
+            let Recovery { records, bytes, first_ingest_ms, skips } =
                 recover_segment(&path, &quarantine, &mut recovered)?;
             if records == 0 {
                 continue;
@@ -321,18 +318,9 @@ impl Spool {
             state.disk_bytes += bytes;
             state.segments.insert(
                 *id,
-                SegmentState {
-                    records,
-                    bytes,
-                    first_ingest_ms,
-                    sealed: true,
-                    skips,
-                    uncounted_damage,
-                    ..SegmentState::default()
-                },
+                SegmentState { records, bytes, first_ingest_ms, sealed: true, skips, ..SegmentState::default() },
             );
         }
-        prune_quarantine(&quarantine);
         state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
         let next = ids.last().map_or(0, |id| id + 1);
         let spool = Arc::new(Spool { config, quarantine, state: Mutex::new(state) });
@@ -511,20 +499,17 @@ impl Spool {
 
     /// Deletes every deletable segment file. Blocking. Returns bytes freed.
     pub fn delete_done(&self) -> u64 {
-        let doomed: Vec<(u64, u64, bool)> = {
+        let doomed: Vec<(u64, u64)> = {
             let state = self.lock();
             state
                 .segments
                 .iter()
                 .filter(|(_, segment)| segment.deletable())
-                .map(|(id, segment)| (*id, segment.bytes, segment.uncounted_damage.is_some()))
+                .map(|(id, segment)| (*id, segment.bytes))
                 .collect()
         };
         let mut freed = 0;
-        for (id, bytes, damaged) in doomed {
-            if damaged {
-                self.keep_before_deleting(id);
-            }
+        for (id, bytes) in doomed {
             match std::fs::remove_file(segment_path(&self.config.dir, id)) {
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::NotFound => {}
@@ -536,34 +521,19 @@ impl Spool {
             // Two callers (the spool writer, the delivery thread) may pick the same segment;
             // only the one that removes it from the books subtracts its bytes.
             let mut state = self.lock();
-            if let Some(segment) = state.segments.remove(&id) {
+            if state.segments.remove(&id).is_some() {
                 state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
                 freed += bytes;
-                count_late_damage(segment.uncounted_damage);
             }
         }
         freed
-    }
-
-    /// A damaged segment recovery could not keep is about to go: kept now, if there is room.
-    fn keep_before_deleting(&self, id: u64) {
-        let path = segment_path(&self.config.dir, id);
-        let target = self.quarantine.join(format!("{id:020}.seg.{}", quarantine_suffix()));
-        match quarantine_keep(&path, &target, true) {
-            Ok(()) => {
-                error!(segment = id, quarantined = %target.display(), "damaged spool segment delivered; its original is in quarantine")
-            }
-            Err(error) => {
-                error!(segment = id, %error, "damaged spool segment delivered; its original cannot be kept and is deleted")
-            }
-        }
     }
 
     /// Deletes the oldest sealed segment to make room (`drop_oldest`). Its records that exist
     /// only on disk are lost and returned for counting; records of it held in memory are still
     /// delivered. Blocking.
     pub fn drop_oldest(&self) -> Option<DroppedSegment> {
-        let (id, lost, damage) = {
+        let (id, lost) = {
             let mut state = self.lock();
             let id = state.segments.iter().find(|(_, segment)| segment.sealed).map(|(id, _)| *id)?;
             let segment = state.segments.remove(&id)?;
@@ -610,12 +580,8 @@ impl Spool {
                     state.parked_acks.insert(pos, ack);
                 }
             }
-            (id, lost, segment.uncounted_damage)
+            (id, lost)
         };
-        if damage.is_some() {
-            self.keep_before_deleting(id);
-        }
-        count_late_damage(damage);
         if let Err(error) = std::fs::remove_file(segment_path(&self.config.dir, id))
             && error.kind() != io::ErrorKind::NotFound
         {
@@ -729,8 +695,6 @@ struct Recovery {
     first_ingest_ms: Option<u64>,
     /// See `SegmentState::skips`.
     skips: Vec<(u64, u64)>,
-    /// See `SegmentState::uncounted_damage`.
-    uncounted_damage: Option<(u64, u64)>,
 }
 
 /// Most damaged regions an unrepaired segment's skips keep (16 bytes each); beyond it, the
@@ -753,57 +717,27 @@ fn no_room_for_copies() -> io::Result<()> {
 
 /// Keeps `source` in the quarantine as `target`: a hard link if `link` (a name, no data: it
 /// works on a full disk and survives the segment's deletion; only for a file nobody writes to
-/// any more), else a copy. A failed copy leaves nothing. The quarantine keeps the newest
-/// [`QUARANTINE_FILES`].
+/// any more), else a copy, made under a temporary name so a crash never leaves a partial one.
 fn quarantine_keep(source: &Path, target: &Path, link: bool) -> io::Result<()> {
-    let Some(dir) = target.parent() else { return Err(io::Error::other("a quarantine path has a parent")) };
-    std::fs::create_dir_all(dir)?;
-    if !(link && std::fs::hard_link(source, target).is_ok()) {
-        let copied = no_room_for_copies().and_then(|()| std::fs::copy(source, target).map(|_| ()));
-        if let Err(error) = copied {
-            let _ = std::fs::remove_file(target);
-            return Err(error);
+    if let Some(dir) = target.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if link {
+        match std::fs::hard_link(source, target) {
+            Ok(()) => return Ok(()),
+            // Kept already (or a name taken): a copy onto it would truncate the file it names.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => return Err(error),
+            Err(_) => {}
         }
     }
-    prune_quarantine(dir);
-    Ok(())
-}
-
-/// Damaged files the quarantine keeps, newest first; older ones are deleted (logged), so a
-/// disk that keeps damaging files (or a crash loop tearing tails) cannot fill it.
-pub const QUARANTINE_FILES: usize = 16;
-
-/// Deletes all but the newest [`QUARANTINE_FILES`] (by the time in their names).
-fn prune_quarantine(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut kept: Vec<(String, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let time = name.rsplit('.').next()?.to_owned();
-            Some((time, entry.path()))
-        })
-        .collect();
-    if kept.len() <= QUARANTINE_FILES {
-        return;
+    let partial = target.with_extension("partial");
+    let copied = no_room_for_copies()
+        .and_then(|()| std::fs::copy(source, &partial))
+        .and_then(|_| std::fs::rename(&partial, target));
+    if copied.is_err() {
+        let _ = std::fs::remove_file(&partial);
     }
-    kept.sort();
-    for (_, path) in &kept[..kept.len() - QUARANTINE_FILES] {
-        match std::fs::remove_file(path) {
-            Ok(()) => {
-                warn!(file = %path.display(), kept = QUARANTINE_FILES, "quarantine full: its oldest damaged file deleted")
-            }
-            Err(error) => warn!(file = %path.display(), %error, "cannot delete an old quarantined file"),
-        }
-    }
-}
-
-/// Counts damage recovery found but could not count then (`SegmentState::uncounted_damage`).
-fn count_late_damage(damage: Option<(u64, u64)>) {
-    if let Some((regions, bytes)) = damage {
-        Dropped::Corrupt.count(regions);
-        metrics::counter!(crate::telemetry::SPOOL_CORRUPT_BYTES).increment(bytes);
-    }
+    copied
 }
 
 /// The quarantined name of `path`'s file, if an earlier start linked it there (its damage was
@@ -861,13 +795,7 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
             // Nothing in it (a header, or a file a crash left empty).
             std::fs::remove_file(path)?;
         }
-        return Ok(Recovery {
-            records: intact,
-            bytes: data.len() as u64,
-            first_ingest_ms,
-            skips: Vec::new(),
-            uncounted_damage: None,
-        });
+        return Ok(Recovery { records: intact, bytes: data.len() as u64, first_ingest_ms, skips: Vec::new() });
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let target = quarantine.join(format!("{name}.{}", quarantine_suffix()));
@@ -892,13 +820,7 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
                 );
                 // Never deleted, and never read or numbered over (the next segment's number is
                 // above every file's).
-                return Ok(Recovery {
-                    records: 0,
-                    bytes: 0,
-                    first_ingest_ms: None,
-                    skips: Vec::new(),
-                    uncounted_damage: None,
-                });
+                return Ok(Recovery { records: 0, bytes: 0, first_ingest_ms: None, skips: Vec::new() });
             }
             error!(
                 segment = %path.display(),
@@ -909,7 +831,7 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
             count(recovered, Some(target));
         }
         sync_parent()?;
-        return Ok(Recovery { records: 0, bytes: 0, first_ingest_ms: None, skips: Vec::new(), uncounted_damage: None });
+        return Ok(Recovery { records: 0, bytes: 0, first_ingest_ms: None, skips: Vec::new() });
     }
     let mut clean = HEADER.to_vec();
     for range in &report.frames {
@@ -943,15 +865,12 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
             read_around_the_damage = !skips.is_empty(),
             "damaged spool segment cannot be repaired (no room for its intact copy?): it is read as it is"
         );
-        // Counted once: now, with its original kept (a later start sees the link); or, if not
-        // even a link could be made, when the segment leaves the ledger.
-        let mut uncounted_damage = None;
-        match (&earlier, kept) {
-            (Some(_), _) => {}
-            (None, Some(kept)) => count(recovered, Some(kept)),
-            (None, None) => uncounted_damage = Some((report.corrupt_regions, report.corrupt_bytes)),
+        // Counted once while the link lasts: a later start sees it and counts nothing. (Without
+        // even a link — no quarantine directory could be made — every start counts it again.)
+        if earlier.is_none() {
+            count(recovered, kept);
         }
-        return Ok(Recovery { records: intact, bytes: data.len() as u64, first_ingest_ms, skips, uncounted_damage });
+        return Ok(Recovery { records: intact, bytes: data.len() as u64, first_ingest_ms, skips });
     }
     std::fs::rename(&temporary, path)?;
     sync_parent()?;
@@ -966,13 +885,7 @@ fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) ->
     if earlier.is_none() {
         count(recovered, Some(target));
     }
-    Ok(Recovery {
-        records: intact,
-        bytes: clean.len() as u64,
-        first_ingest_ms,
-        skips: Vec::new(),
-        uncounted_damage: None,
-    })
+    Ok(Recovery { records: intact, bytes: clean.len() as u64, first_ingest_ms, skips: Vec::new() })
 }
 
 /// Appends records to the active segment. One writer per spool; it lives on the blocking pool.

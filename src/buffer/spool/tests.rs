@@ -275,48 +275,6 @@ fn the_backlog_ends_at_the_last_recovered_segment_while_the_writer_has_no_segmen
     assert_eq!(batch.next, Some(end), "the cursor reaches the writer's end");
 }
 
-/// The `corrupt` count a closure's spool work made, read from a recorder of the test's own.
-fn corrupt_counted(work: impl FnOnce()) -> f64 {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    metrics::with_local_recorder(&recorder, work);
-    let text = handle.render();
-    text.lines()
-        .find(|line| line.starts_with("sluice_buffer_records_dropped_total{reason=\"corrupt\"}"))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Not even a link can be made (no quarantine directory on a full disk): nothing is counted at
-/// start, so a restart cannot count it twice; when the segment goes, it is kept if it can be
-/// and its damage counted then, once.
-#[test]
-fn damage_that_cannot_be_kept_at_start_is_counted_once_when_its_segment_goes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (file, data) = a_damaged_segment(dir.path());
-    std::fs::remove_dir_all(dir.path().join("quarantine")).expect("an agent of before, which had none");
-    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
-    let (_spool, _writer, first) = open_on_a_full_disk(dir.path());
-    assert_eq!((first.corrupt_regions, first.quarantined.len()), (0, 0), "nothing kept, nothing counted yet");
-    let (spool, writer, second) = open_on_a_full_disk(dir.path());
-    assert_eq!(second.corrupt_regions, 0, "and not at a restart either");
-    let batch = read_all(&spool, spool.backlog().expect("backlog"), writer.end());
-    assert_eq!(batch.records.len(), 9);
-    for record in &batch.records {
-        spool.done(record.pos);
-    }
-    std::fs::remove_file(dir.path().join("quarantine")).expect("room for the quarantine again");
-    let counted = corrupt_counted(|| {
-        spool.delete_done();
-        spool.delete_done();
-    });
-    assert_eq!(counted, 1.0, "its one damaged region, once");
-    assert!(!file.exists());
-    let kept: Vec<_> = std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").collect();
-    assert_eq!(kept.len(), 1);
-    assert_eq!(std::fs::read(kept[0].as_ref().expect("entry").path()).expect("kept"), data);
-}
-
 /// Damage found while reading the segment the writer still appends to is kept as a copy: a
 /// link would follow later writes, and a restart would take them for damage already counted.
 #[test]
@@ -336,19 +294,6 @@ fn damage_found_in_the_active_segment_is_kept_as_a_copy_not_a_link() {
     assert_eq!(batch.corrupt_regions, 1);
     assert_eq!(std::fs::metadata(&path).expect("segment").nlink(), 1, "not linked");
     assert_eq!(std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").count(), 1, "copied");
-}
-
-/// The quarantine keeps the newest damaged files, not every one for ever.
-#[test]
-fn the_quarantine_keeps_only_the_newest_damaged_files() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for round in 0..(QUARANTINE_FILES + 3) {
-        std::fs::write(segment_path(dir.path(), round as u64 * 10), b"garbage").expect("write");
-        let (_spool, _writer, recovered) = Spool::open(config(dir.path())).expect("open");
-        assert_eq!(recovered.corrupt_regions, 1);
-    }
-    let kept = std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").count();
-    assert_eq!(kept, QUARANTINE_FILES);
 }
 
 /// A kill in the middle of a write leaves a torn last frame: read as it is, it costs nothing.
