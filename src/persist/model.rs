@@ -47,7 +47,13 @@ use proptest::prelude::*;
 use rdkafka::message::{OwnedMessage, Timestamp};
 use tokio::sync::Notify;
 
+use super::consumer::LagClock;
+use super::lanes::{BatchWriter, Database, Run, Source, consume};
 use super::*;
+use rdkafka::error::KafkaResult;
+
+use crate::persist::row::{DeadLetter, Row};
+use crate::telemetry::outcome::{DeadLetterReason, Lost};
 
 const TOPIC: &str = "logs";
 const PARTITIONS: i32 = 3;

@@ -1,4 +1,6 @@
+use super::lanes::{Batch, BatchLimits, Part, add_closing};
 use super::*;
+use crate::persist::row::{DeadLetter, Origin, Parsed, Row};
 use crate::telemetry::outcome::DeadLetterReason;
 
 fn row(n: i64) -> Row {
