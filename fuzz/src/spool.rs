@@ -13,7 +13,9 @@
 //! intact frame lies inside a damaged region, the repaired copy scans clean with the same
 //! frames, and the stream reader returns exactly the frames before the first damage. For a
 //! segment cut short the frames found are exactly the records written before the cut; for a
-//! damaged one, every record but the one hit, which is one counted region.
+//! damaged one, every record but the one hit, which is one counted region. Not covered: reading a
+//! segment recovery could not repair around its damage (`SegmentState::skips`; the spool's unit
+//! tests cover it).
 
 use sluice::buffer::segment::{self as format, Frame, HEADER, MAX_BODY, ReadError, ScanReport};
 

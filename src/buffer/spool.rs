@@ -268,6 +268,16 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// between leaves a copy: with `N.seg` still there it may be partial and is removed (the repair
 /// runs again); without it, it is complete and takes its place, else its records would be
 /// neither delivered nor counted.
+fn remove_partial_copies(quarantine: &Path) {
+    let Ok(entries) = std::fs::read_dir(quarantine) else { return };
+    for path in entries.filter_map(Result::ok).map(|entry| entry.path()) {
+        if path.extension().is_some_and(|extension| extension == PARTIAL) {
+            warn!(copy = %path.display(), "removing a quarantine copy a crash left unfinished");
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 fn finish_interrupted_repairs(dir: &Path) -> io::Result<()> {
     let copies: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|entry| entry.ok())
@@ -296,7 +306,9 @@ impl Spool {
         std::fs::create_dir_all(&config.dir)?;
         let quarantine = config.dir.join("quarantine");
         // Made while there is room, so a damaged file can later be linked into it on a full disk.
-        if let Err(error) = std::fs::create_dir_all(&quarantine) {
+        let made = std::fs::create_dir_all(&quarantine);
+        remove_partial_copies(&quarantine);
+        if let Err(error) = made {
             warn!(%error, quarantine = %quarantine.display(), "cannot make the spool's quarantine directory; trying again when damage is found");
         }
         let mut recovered = Recovered::default();
@@ -715,6 +727,9 @@ fn no_room_for_copies() -> io::Result<()> {
     Ok(())
 }
 
+/// The extension of a quarantine copy being made; one left by a crash is deleted at start.
+const PARTIAL: &str = "partial";
+
 /// Keeps `source` in the quarantine as `target`: a hard link if `link` (a name, no data: it
 /// works on a full disk and survives the segment's deletion; only for a file nobody writes to
 /// any more), else a copy, made under a temporary name so a crash never leaves a partial one.
@@ -730,13 +745,16 @@ fn quarantine_keep(source: &Path, target: &Path, link: bool) -> io::Result<()> {
             Err(_) => {}
         }
     }
-    let partial = target.with_extension("partial");
-    let copied = no_room_for_copies()
-        .and_then(|()| std::fs::copy(source, &partial))
-        .and_then(|_| std::fs::rename(&partial, target));
-    if copied.is_err() {
-        let _ = std::fs::remove_file(&partial);
-    }
+    // Under a temporary name, then linked to its own (which fails if that name exists):
+    // neither a crash nor a clash leaves a partial or replaced file under a quarantine name.
+    let partial = target.with_extension(PARTIAL);
+    let copied = no_room_for_copies().and_then(|()| std::fs::copy(source, &partial)).and_then(|_| {
+        match std::fs::hard_link(&partial, target) {
+            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => std::fs::rename(&partial, target),
+            linked => linked,
+        }
+    });
+    let _ = std::fs::remove_file(&partial);
     copied
 }
 
@@ -775,15 +793,17 @@ fn damaged_regions(frames: &[std::ops::Range<usize>], len: usize) -> Vec<(u64, u
 
 /// Checks every frame of a segment left by an earlier run. A damaged file is moved to the
 /// quarantine directory and replaced by a copy holding only its intact frames; one without
-/// records is deleted. Its damage is counted in `recovered` once: when its original reaches the
-/// quarantine.
+/// records is deleted. Its damage is counted in `recovered` by the start that finds it.
 ///
 /// The copy needs room. On a disk too full for it the file is read as it is, around its damage
-/// (`SegmentState::skips`): nothing intact is lost. Its original is hard-linked into the
-/// quarantine (a link needs no room), and a later start with room repairs it without counting
-/// it again. A damaged file without one intact frame needs no copy: it is moved to the
-/// quarantine whole (or, when not even that can be done, left where it is and counted when a
-/// later start moves it).
+/// (`SegmentState::skips`; beyond [`MAX_SKIPS`] regions, up to its first damage, the rest
+/// counted `corrupt` by the reader). Its original is hard-linked into the quarantine (a link
+/// needs no room); a later start sees the link and neither counts it again nor keeps it twice,
+/// and repairs it once there is room. Where not even a link can be made, every start counts it
+/// again: over-counted rather than lost uncounted, since the file goes once its records are
+/// delivered. A damaged file without one intact frame needs no copy: it is moved to the
+/// quarantine whole, or, when not even that can be done, left where it is (nothing is lost
+/// while it stays) and counted by the start that moves it.
 fn recover_segment(path: &Path, quarantine: &Path, recovered: &mut Recovered) -> io::Result<Recovery> {
     let data = std::fs::read(path)?;
     let report = segment::scan(&data);
@@ -1302,8 +1322,9 @@ pub struct ReadBatch {
     pub records: Vec<DiskRecord>,
     /// Damaged regions met on the way (already quarantined).
     pub corrupt_regions: u64,
-    /// Disk-only records lost behind damage (each region skips the rest of its segment);
-    /// counted by the caller as `reason="corrupt"`. Exact: the ledger knows what each segment
+    /// Disk-only records lost behind damage (each region met skips the rest of its segment;
+    /// damage recovery found and kept is read around, and not reported here); counted by the
+    /// caller as `reason="corrupt"`. Exact: the ledger knows what each segment
     /// holds.
     pub corrupt_records: u64,
     /// Bytes of the segments skipped behind damage.
@@ -1353,6 +1374,10 @@ impl SpoolReader {
             state.backlog.map_or(from, |backlog| backlog.min(from))
         };
         let result = self.scan(from, upto, max_records, max_bytes);
+        // Never held between reads: a segment `drop_oldest` deletes meanwhile must free its room
+        // at once (on a full disk nothing else would), and a read is a batch, so the open is
+        // one per batch.
+        self.file = None;
         let mut state = self.spool.lock();
         let next = match &result {
             Ok(batch) => batch.next,

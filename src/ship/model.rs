@@ -51,8 +51,10 @@
 //! unit tests cover it), the memory buffer type, the shipper's own loop (`Shipper::run`,
 //! `send`'s handling of a refused produce — queue full, a fatal producer refusing — and
 //! `recreate`/`retire` themselves: the fake stands where librdkafka and they are), librdkafka's
-//! queue limit, keys, the backlog reader's read errors and damage found after start-up, and the
-//! acknowledgement budget (unlimited here).
+//! queue limit, keys, the backlog reader's read errors and damage found after start-up, a spool
+//! opened on a full disk or damage recovery cannot repair (the spool's unit tests and
+//! `an_agent_started_on_a_full_spool_disk_…` cover those), and the acknowledgement budget
+//! (unlimited here).
 //!
 //! `SLUICE_MODEL_STATS=1` prints, per case, how the records ended (to see what a seed reaches).
 //! One file over the usual size: the model, the harness and the checks are read together.

@@ -707,7 +707,8 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     std::fs::remove_file(&filler).expect("free the disk");
     let last: Vec<Vec<u8>> = (500..700).map(|n| numbered("fullstart", n).into_bytes()).collect();
     send_lines(&config.socket(), &last).await;
-    // Spooled, or (read past the damage meanwhile) counted as `corrupt`.
+    // Spooled, or counted as `corrupt` (records the backlog reader gave up behind damage it met;
+    // the damage recovery found is read around, so none are expected).
     let held = |metrics: &Metrics| {
         metrics.count("sluice_spool_records", &[])
             + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "corrupt")])

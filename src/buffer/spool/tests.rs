@@ -259,6 +259,33 @@ fn an_unrepaired_segment_is_counted_once_across_restarts_and_repaired_once_there
     assert_eq!(read_all(&spool, spool.backlog().expect("backlog"), writer.end()).records.len(), 9);
 }
 
+/// Without a quarantine to link into (none could be made), nothing says a start counted it: every
+/// start counts it again, over-counted rather than lost uncounted when the segment goes.
+#[test]
+fn damage_that_cannot_even_be_linked_is_counted_at_every_start_rather_than_never() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (file, _) = a_damaged_segment(dir.path());
+    std::fs::remove_dir_all(dir.path().join("quarantine")).expect("an agent of before, which had none");
+    std::fs::write(dir.path().join("quarantine"), b"in the way").expect("block the quarantine");
+    let (_spool, _writer, first) = open_on_a_full_disk(dir.path());
+    let (spool, writer, second) = open_on_a_full_disk(dir.path());
+    assert_eq!((first.corrupt_regions, second.corrupt_regions), (1, 1));
+    assert_eq!((first.quarantined.len(), second.quarantined.len()), (0, 0));
+    assert!(file.exists(), "read as it is");
+    assert_eq!(read_all(&spool, spool.backlog().expect("backlog"), writer.end()).records.len(), 9);
+}
+
+/// A quarantine copy a crash left unfinished is removed at the next start.
+#[test]
+fn a_partial_quarantine_copy_is_removed_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("quarantine")).expect("quarantine");
+    let partial = dir.path().join("quarantine").join("00000000000000000003.seg.20261201T000000.000000Z.partial");
+    std::fs::write(&partial, b"half a copy").expect("write");
+    let _ = Spool::open(config(dir.path())).expect("open");
+    assert!(!partial.exists());
+}
+
 /// The backlog reader, at the end of the last segment while the writer has none yet (a full
 /// disk at start), reports it has read everything: it must not be asked again and again.
 #[test]
@@ -294,6 +321,33 @@ fn damage_found_in_the_active_segment_is_kept_as_a_copy_not_a_link() {
     assert_eq!(batch.corrupt_regions, 1);
     assert_eq!(std::fs::metadata(&path).expect("segment").nlink(), 1, "not linked");
     assert_eq!(std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine").count(), 1, "copied");
+}
+
+/// Files this process holds open that are named `path` (Linux: `/proc/self/fd`).
+fn held_open(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.to_string_lossy().trim_end_matches(" (deleted)") == path.to_string_lossy())
+        .count()
+}
+
+/// On a full disk a dropped segment frees its room only once no one holds it open: a reader that
+/// kept its file between reads kept the room, and every later write was dropped for want of it.
+#[test]
+fn the_backlog_reader_holds_no_file_between_reads_so_a_dropped_segment_frees_its_room() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+    let positions = append_all(&mut writer, &payloads(40));
+    assert_eq!(spool.evicted(positions.iter().map(|p| (*p, None)).collect()), 0);
+    let mut reader = spool.reader();
+    let batch = reader.read(positions[0], writer.end(), 2, usize::MAX).expect("read");
+    assert_eq!(batch.records.len(), 2, "stopped in the middle of the first segment");
+    let first = segment_path(dir.path(), positions[0].segment);
+    assert!(spool.drop_oldest().is_some());
+    assert!(!first.exists());
+    assert_eq!(held_open(&first), 0, "the dropped segment's room is free");
 }
 
 /// A kill in the middle of a write leaves a torn last frame: read as it is, it costs nothing.
