@@ -39,7 +39,6 @@ use crate::telemetry;
 use crate::telemetry::outcome::{Dropped, Refused};
 
 pub mod ack;
-pub mod segment;
 pub mod spool;
 pub mod spooler;
 

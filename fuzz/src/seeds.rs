@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use chrono::{TimeZone, Utc};
-use sluice::buffer::segment::HEADER;
+use sluice::buffer::spool::segment::HEADER;
 use sluice::buffer::spool::{Entry, Fsync, Spool, SpoolConfig};
 use sluice::envelope::{EnvelopeWriter, Peer, PodMetadata};
 

@@ -17,7 +17,7 @@
 //! segment recovery could not repair around its damage (`SegmentState::skips`; the spool's unit
 //! tests cover it).
 
-use sluice::buffer::segment::{self as format, Frame, HEADER, MAX_BODY, ReadError, ScanReport};
+use sluice::buffer::spool::segment::{self as format, Frame, HEADER, MAX_BODY, ReadError, ScanReport};
 
 use crate::alloc::peak_during;
 

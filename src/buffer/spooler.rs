@@ -164,7 +164,7 @@ impl Spooler {
         crate::lifecycle::fail_point("spool");
         while !records.is_empty() {
             let frame_bytes: u64 =
-                records.iter().map(|r| super::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
+                records.iter().map(|r| super::spool::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
             let need = self.spool().disk_for(frame_bytes);
             let Some(fitting) = self.make_room(need, &mut records, stop).await else {
                 return;
@@ -286,7 +286,7 @@ impl Spooler {
         let mut frames = 0;
         let mut keep = 0;
         for record in records {
-            let len = super::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
+            let len = super::spool::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
             if spool.disk_for(frames + len) > room {
                 break;
             }

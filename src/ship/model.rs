@@ -72,9 +72,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{InFlight, ShipContext, read_backlog};
 use crate::buffer::ack::{AckEvent, AckPoint, AckTracker};
+use crate::buffer::spool::segment;
 use crate::buffer::spool::{Fsync, Ledger, Spool, SpoolConfig, SpoolOp, SpoolPos, SpoolReader};
 use crate::buffer::spooler::{self, Spooler};
-use crate::buffer::{Admission, Buffer, BufferFull, Policy, Work, segment};
+use crate::buffer::{Admission, Buffer, BufferFull, Policy, Work};
 use crate::config::{Config, WhenFull};
 use crate::telemetry;
 

@@ -108,8 +108,8 @@ async fn a_failed_fsync_under_always_never_acknowledges_a_record_as_spooled() {
 async fn records_synced_before_a_failed_fsync_are_acknowledged_and_the_rest_are_held() {
     let mut s = setup(Fsync::Always, WhenFull::Block);
     // One batch across a segment roll: the roll's sync works, the final one fails.
-    let frame = crate::buffer::segment::frame_len(None, b"record 000 with some padding");
-    let per_segment = (512 - crate::buffer::segment::HEADER.len()) / frame;
+    let frame = crate::buffer::spool::segment::frame_len(None, b"record 000 with some padding");
+    let per_segment = (512 - crate::buffer::spool::segment::HEADER.len()) / frame;
     let batch = per_segment + per_segment / 2;
     let records = s.accept(batch).await;
     s.spooler.writer.as_mut().expect("writer").inject_after(SpoolOp::Fsync, 1, eio());

@@ -1,0 +1,431 @@
+//! The spool's ledger: for every record on disk, whether it is held in memory, disk-only (the
+//! backlog) or finished, and per segment what it holds and owes; acks parked until delivery or a
+//! sync; deleting what is finished and `drop_oldest`.
+//!
+//! Owns: the three states and every move between them (a record is finished once). Must not:
+//! delete a segment that owes a record, or run on a runtime worker (it deletes files).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self};
+
+use tracing::{error, warn};
+
+use super::*;
+use crate::buffer::ack::Ack;
+use crate::telemetry::outcome::Dropped;
+
+/// One bit per record of a segment. Hand-written: two words of logic, and the ledger is the
+/// product's core.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Bits(pub(super) Vec<u64>);
+
+impl Bits {
+    pub(super) fn get(&self, index: u32) -> bool {
+        self.0.get(index as usize / 64).is_some_and(|word| word & (1 << (index % 64)) != 0)
+    }
+
+    pub(super) fn set(&mut self, index: u32, on: bool) {
+        let word = index as usize / 64;
+        if word >= self.0.len() {
+            if !on {
+                return;
+            }
+            self.0.resize(word + 1, 0);
+        }
+        if on {
+            self.0[word] |= 1 << (index % 64);
+        } else {
+            self.0[word] &= !(1 << (index % 64));
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct SegmentState {
+    /// Ingest time of the segment's first record (Unix ms): the age of its oldest record.
+    pub(super) first_ingest_ms: Option<u64>,
+    /// Records written to the segment (or found intact at start-up).
+    pub(super) records: u64,
+    /// Records finished: acknowledged by Kafka or counted as dropped.
+    pub(super) done: u64,
+    /// Records held in memory (queued or in flight), not finished.
+    pub(super) outstanding: u64,
+    /// File size.
+    pub(super) bytes: u64,
+    /// No more records will be appended.
+    pub(super) sealed: bool,
+    /// Per record: held in memory. Neither this nor `finished`: disk-only.
+    pub(super) in_memory: Bits,
+    /// Per record: finished; never sent, read or counted again.
+    pub(super) finished: Bits,
+    /// A damaged segment recovery could not repair (no room for the copy) is read as it is: its
+    /// damaged regions, as (first damaged byte, next intact frame or end of file). The reader
+    /// jumps over them. Empty for every other segment.
+    pub(super) skips: Vec<(u64, u64)>,
+}
+
+impl SegmentState {
+    pub(super) fn disk_only(&self, index: u32) -> bool {
+        !self.in_memory.get(index) && !self.finished.get(index)
+    }
+
+    /// The record is in memory now (written, or read back). False if it already was, or is
+    /// finished.
+    pub(super) fn hold(&mut self, index: u32) -> bool {
+        if !self.disk_only(index) {
+            return false;
+        }
+        self.in_memory.set(index, true);
+        self.outstanding += 1;
+        true
+    }
+
+    /// The record left memory unfinished: disk-only again. False if it was not in memory.
+    pub(super) fn release(&mut self, index: u32) -> bool {
+        if !self.in_memory.get(index) {
+            return false;
+        }
+        self.in_memory.set(index, false);
+        self.outstanding = self.outstanding.saturating_sub(1);
+        true
+    }
+
+    /// The record is finished. False if it already was (it must not count twice).
+    pub(super) fn finish(&mut self, index: u32) -> bool {
+        if self.finished.get(index) {
+            return false;
+        }
+        self.release(index);
+        self.finished.set(index, true);
+        self.done += 1;
+        true
+    }
+
+    /// Where to read on when the frame at `offset` is damaged damage recovery already found.
+    pub(super) fn skip_from(&self, offset: u64) -> Option<u64> {
+        self.skips.iter().find(|(start, _)| *start == offset).map(|(_, end)| *end)
+    }
+
+    /// Every record is finished and none will be added: the file may go.
+    pub(super) fn deletable(&self) -> bool {
+        self.sealed && self.done >= self.records
+    }
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) segments: BTreeMap<u64, SegmentState>,
+    /// `delivered` acks of records evicted to the backlog, settled when they are delivered.
+    pub(super) parked_acks: HashMap<SpoolPos, Ack>,
+    /// `spooled` acks of records written under the interval policy, settled by the next
+    /// successful sync, or by the record's delivery if that comes first.
+    pub(super) awaiting_sync: HashMap<SpoolPos, Ack>,
+    /// Those a sync now running covers ([`Spool::begin_sync`]).
+    pub(super) syncing: HashMap<SpoolPos, Ack>,
+    pub(super) disk_bytes: u64,
+    /// Where the backlog reader looks next: no disk-only record lies before it. `None` when
+    /// nothing has been evicted since the reader last caught up.
+    pub(super) backlog: Option<SpoolPos>,
+    /// The lowest position evicted while a backlog read was under way: the reader's cursor must
+    /// not move past it.
+    pub(super) lowered: Option<SpoolPos>,
+    /// Records held in memory whose segment `drop_oldest` deleted: still delivered from
+    /// memory, but no segment counts them any more. Each leaves this count when it is delivered
+    /// or evicted (then counted as dropped); at shutdown the rest are lost and counted. At most
+    /// the records the buffer holds.
+    pub(super) orphaned: std::collections::HashSet<(u64, u32)>,
+}
+
+impl State {
+    /// The ack waiting in the spool for the record at `pos`, if any (parked for its delivery, or
+    /// waiting for a sync).
+    pub(super) fn take_ack(&mut self, pos: SpoolPos) -> Option<Ack> {
+        self.parked_acks.remove(&pos).or_else(|| self.awaiting_sync.remove(&pos)).or_else(|| self.syncing.remove(&pos))
+    }
+}
+
+impl Spool {
+    /// Bytes of all segment files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.lock().disk_bytes
+    }
+
+    /// The first disk-only record, if any.
+    pub fn backlog(&self) -> Option<SpoolPos> {
+        self.lock().backlog
+    }
+
+    /// Records left memory without being finished (evicted under memory pressure, or not
+    /// handed to Kafka): they are disk-only again, and the backlog reader will send them. Acks
+    /// waiting for their delivery are parked until then. Returns how many could not go back
+    /// because `drop_oldest` deleted their segment meanwhile: they are lost, their acks refused,
+    /// and the caller counts them as `drop_oldest`.
+    #[must_use = "records whose segment was dropped are lost and must be counted"]
+    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) -> u64 {
+        let mut state = self.lock();
+        let mut first = None;
+        let mut lost = 0;
+        for (pos, ack) in records {
+            let Some(segment) = state.segments.get_mut(&pos.segment) else {
+                // Lost now, unless `drop_oldest` already counted it (it was disk-only then).
+                if state.orphaned.remove(&(pos.segment, pos.index)) {
+                    lost += 1;
+                }
+                let parked = state.take_ack(pos);
+                for ack in [ack, parked].into_iter().flatten() {
+                    ack.refused(Dropped::DropOldest);
+                }
+                continue;
+            };
+            if !segment.release(pos.index) {
+                // Not in memory (never, or finished): nothing changes on disk.
+                if let Some(ack) = ack {
+                    state.parked_acks.insert(pos, ack);
+                }
+                continue;
+            }
+            if let Some(ack) = ack {
+                state.parked_acks.insert(pos, ack);
+            }
+            first = Some(first.map_or(pos, |first: SpoolPos| first.min(pos)));
+        }
+        if let Some(first) = first {
+            state.backlog = Some(state.backlog.map_or(first, |backlog| backlog.min(first)));
+            state.lowered = Some(state.lowered.map_or(first, |lowered| lowered.min(first)));
+        }
+        lost
+    }
+
+    /// A record is acknowledged by Kafka or counted as dropped. Returns whether its segment
+    /// became deletable (the caller then runs [`Spool::delete_done`] off the runtime) and the
+    /// record's parked ack, if it had one. A record finished twice is not counted twice.
+    pub fn done(&self, pos: SpoolPos) -> (bool, Option<Ack>) {
+        let mut state = self.lock();
+        let parked = match state.parked_acks.remove(&pos) {
+            Some(ack) => Some(ack),
+            None => state.awaiting_sync.remove(&pos).or_else(|| state.syncing.remove(&pos)),
+        };
+        let Some(segment) = state.segments.get_mut(&pos.segment) else {
+            // Dropped with its segment meanwhile, delivered from memory.
+            state.orphaned.remove(&(pos.segment, pos.index));
+            return (false, parked);
+        };
+        if !segment.finish(pos.index) {
+            warn!(segment = pos.segment, index = pos.index, "a spooled record was settled twice; counted once");
+            return (false, parked);
+        }
+        (segment.deletable(), parked)
+    }
+
+    /// `spooled` acks of records just written under the interval policy: they wait for the next
+    /// [`Spool::synced`] (or their record's delivery, if that comes first).
+    pub fn await_sync(&self, acks: impl IntoIterator<Item = (SpoolPos, Ack)>) {
+        self.lock().awaiting_sync.extend(acks);
+    }
+
+    /// A sync covering everything written so far ran. If it worked, every ack awaiting one is
+    /// settled as durable; if it failed, none is — the data it covered may not be on disk (a
+    /// later sync succeeding does not bring it back), so each waits for its record's delivery
+    /// to Kafka instead. An I/O error is never an acknowledgement.
+    pub fn synced(&self, ok: bool) {
+        let mut state = self.lock();
+        let mut acks: Vec<(SpoolPos, Ack)> = state.awaiting_sync.drain().collect();
+        acks.extend(state.syncing.drain());
+        Self::settle_synced(&mut state, acks, ok);
+    }
+
+    /// A sync that covers what was written so far starts off the write path (the interval
+    /// policy): the acks waiting for a sync now wait for this one ([`Spool::end_sync`]); acks
+    /// of records written later wait for the next.
+    pub fn begin_sync(&self) {
+        let mut state = self.lock();
+        let acks: Vec<(SpoolPos, Ack)> = state.awaiting_sync.drain().collect();
+        state.syncing.extend(acks);
+    }
+
+    /// The sync started by [`Spool::begin_sync`] ended: its acks are durable, or (failed) wait
+    /// for their records' delivery.
+    pub fn end_sync(&self, ok: bool) {
+        let mut state = self.lock();
+        let acks: Vec<(SpoolPos, Ack)> = state.syncing.drain().collect();
+        Self::settle_synced(&mut state, acks, ok);
+    }
+
+    pub(super) fn settle_synced(state: &mut State, acks: Vec<(SpoolPos, Ack)>, ok: bool) {
+        for (pos, mut ack) in acks {
+            if ok {
+                ack.durable();
+            } else {
+                ack.hold_until_delivered();
+                state.parked_acks.insert(pos, ack);
+            }
+        }
+    }
+
+    /// Ingest time (Unix ms) of the oldest record not yet done, to the resolution of a segment:
+    /// the first record of the oldest segment that still owes one.
+    pub fn oldest_undelivered_ms(&self) -> Option<u64> {
+        let state = self.lock();
+        state
+            .segments
+            .values()
+            .filter(|segment| segment.records > segment.done)
+            .find_map(|segment| segment.first_ingest_ms)
+    }
+
+    /// Records written and not yet done, in memory or only on disk.
+    pub fn undelivered(&self) -> u64 {
+        self.lock().segments.values().map(|segment| segment.records.saturating_sub(segment.done)).sum()
+    }
+
+    /// Records held in memory whose segment `drop_oldest` deleted, not yet delivered or
+    /// evicted: no segment owes them, so at shutdown they are lost (see `State::orphaned`).
+    pub fn orphaned(&self) -> u64 {
+        self.lock().orphaned.len() as u64
+    }
+
+    /// Deletes every deletable segment file. Blocking. Returns bytes freed.
+    pub fn delete_done(&self) -> u64 {
+        let doomed: Vec<(u64, u64)> = {
+            let state = self.lock();
+            state
+                .segments
+                .iter()
+                .filter(|(_, segment)| segment.deletable())
+                .map(|(id, segment)| (*id, segment.bytes))
+                .collect()
+        };
+        let mut freed = 0;
+        for (id, bytes) in doomed {
+            match std::fs::remove_file(segment_path(&self.config.dir, id)) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    warn!(%error, segment = id, "cannot delete a delivered spool segment; retrying later");
+                    continue;
+                }
+            }
+            // Two callers (the spool writer, the delivery thread) may pick the same segment;
+            // only the one that removes it from the books subtracts its bytes.
+            let mut state = self.lock();
+            if state.segments.remove(&id).is_some() {
+                state.disk_bytes = state.disk_bytes.saturating_sub(bytes);
+                freed += bytes;
+            }
+        }
+        freed
+    }
+
+    /// Deletes the oldest sealed segment to make room (`drop_oldest`). Its records that exist
+    /// only on disk are lost and returned for counting; records of it held in memory are still
+    /// delivered. Blocking.
+    pub fn drop_oldest(&self) -> Option<DroppedSegment> {
+        let (id, lost) = {
+            let mut state = self.lock();
+            let id = state.segments.iter().find(|(_, segment)| segment.sealed).map(|(id, _)| *id)?;
+            let segment = state.segments.remove(&id)?;
+            // Disk-only records are lost; those held in memory are still delivered.
+            let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
+            let records = u32::try_from(segment.records).unwrap_or(u32::MAX);
+            let held = (0..records).filter(|index| segment.in_memory.get(*index));
+            let orphans: Vec<(u64, u32)> = held.map(|index| (id, index)).collect();
+            state.orphaned.extend(orphans);
+            state.disk_bytes = state.disk_bytes.saturating_sub(segment.bytes);
+            // Disk-only records of this segment are gone: the cursor moves past it.
+            if let Some(backlog) = state.backlog
+                && backlog.segment <= id
+            {
+                let next = state.segments.range(id + 1..).next().map(|(next, _)| SpoolPos::start_of(*next));
+                state.backlog = next;
+            }
+            // Acks of its disk-only records are refused; records held in memory still deliver
+            // and settle theirs.
+            let lost_positions: Vec<SpoolPos> = state
+                .parked_acks
+                .keys()
+                .chain(state.awaiting_sync.keys())
+                .chain(state.syncing.keys())
+                .filter(|pos| pos.segment == id && segment.disk_only(pos.index))
+                .copied()
+                .collect();
+            for pos in lost_positions {
+                if let Some(ack) = state.take_ack(pos) {
+                    ack.refused(Dropped::DropOldest);
+                }
+            }
+            // The `spooled` acks of records held in memory no longer have a file a sync could
+            // make durable: each waits for its record's delivery (or its refusal, if evicted).
+            let unsyncable: Vec<SpoolPos> = state
+                .awaiting_sync
+                .keys()
+                .chain(state.syncing.keys())
+                .filter(|pos| pos.segment == id)
+                .copied()
+                .collect();
+            for pos in unsyncable {
+                if let Some(ack) = state.take_ack(pos) {
+                    state.parked_acks.insert(pos, ack);
+                }
+            }
+            (id, lost)
+        };
+        if let Err(error) = std::fs::remove_file(segment_path(&self.config.dir, id))
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            error!(%error, segment = id, "cannot delete a dropped spool segment");
+        }
+        Some(DroppedSegment { segment: id, lost })
+    }
+
+    /// Damage at `pos` hides the rest of its segment from the reader: its disk-only records
+    /// from there on are finished as lost (records held in memory are still delivered). Returns
+    /// how many, and the bytes skipped.
+    pub(super) fn lose_rest(&self, pos: SpoolPos) -> (u64, u64) {
+        let mut state = self.lock();
+        let Some(segment) = state.segments.get_mut(&pos.segment) else { return (0, 0) };
+        let skipped_bytes = segment.bytes.saturating_sub(pos.offset);
+        let records = u32::try_from(segment.records).unwrap_or(u32::MAX);
+        let mut lost = 0;
+        for index in pos.index..records {
+            if segment.disk_only(index) && segment.finish(index) {
+                lost += 1;
+            }
+        }
+        // The acks of the records just lost (now finished; records held in memory still
+        // deliver and settle theirs).
+        let segment = state.segments.get(&pos.segment);
+        let lost_positions: Vec<SpoolPos> = state
+            .parked_acks
+            .keys()
+            .chain(state.awaiting_sync.keys())
+            .chain(state.syncing.keys())
+            .filter(|parked| {
+                parked.segment == pos.segment
+                    && parked.index >= pos.index
+                    && segment.is_some_and(|segment| !segment.in_memory.get(parked.index))
+            })
+            .copied()
+            .collect();
+        for parked in lost_positions {
+            if let Some(ack) = state.take_ack(parked) {
+                ack.refused(Dropped::Corrupt);
+            }
+        }
+        (lost, skipped_bytes)
+    }
+
+    /// Test seam: where the ledger has the record at `pos` (`None`: no segment on the books
+    /// has it).
+    #[cfg(test)]
+    pub(crate) fn ledger(&self, pos: SpoolPos) -> Option<Ledger> {
+        let state = self.lock();
+        let segment = state.segments.get(&pos.segment)?;
+        Some(if segment.finished.get(pos.index) {
+            Ledger::Finished
+        } else if segment.in_memory.get(pos.index) {
+            Ledger::InMemory
+        } else {
+            Ledger::DiskOnly
+        })
+    }
+}
