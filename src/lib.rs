@@ -21,6 +21,8 @@ pub mod ship;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+#[cfg(test)]
+mod test_support;
 
 #[cfg(test)]
 mod tests {

@@ -789,19 +789,8 @@ fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
     })
 }
 
-/// `SLUICE_PROP_CASES` and `SLUICE_PROP_SEED` (`scripts/prop` sets both), else the fixed
-/// count and seed that keep `scripts/test` short and reproducible.
-fn from_env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: u32::try_from(from_env("SLUICE_PROP_CASES", 1024)).unwrap_or(u32::MAX),
-        rng_seed: proptest::test_runner::RngSeed::Fixed(from_env("SLUICE_PROP_SEED", 12)),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::test_support::prop_config(1024))]
 
     #[test]
     fn the_persister_stores_offsets_only_below_what_postgres_holds(ops in proptest::collection::vec(op(), 1..40)) {

@@ -197,19 +197,8 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// `SLUICE_PROP_CASES` and `SLUICE_PROP_SEED` (`scripts/prop` sets both), else the fixed
-/// count and seed that keep `scripts/test` short and reproducible.
-fn from_env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: u32::try_from(from_env("SLUICE_PROP_CASES", 256)).unwrap_or(u32::MAX),
-        rng_seed: proptest::test_runner::RngSeed::Fixed(from_env("SLUICE_PROP_SEED", 12)),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::test_support::prop_config(256))]
 
     #[test]
     fn the_spool_ledger_agrees_with_its_model_after_every_step(ops in proptest::collection::vec(op(), 1..120)) {
