@@ -15,12 +15,14 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod acks;
 mod broker;
 mod clients;
 mod load;
 mod postgres;
 mod proxy;
 
+pub use acks::{AckReader, Settled};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, numbered, numbers_in};

@@ -16,6 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::{AckReader, Settled};
+
 /// The record `seq` (try `attempt`) of writer `writer`: about 200 bytes of JSON.
 pub fn record(writer: &str, seq: u64, attempt: u32) -> String {
     let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
@@ -118,39 +120,26 @@ async fn run_acked(
             _ => continue,
         }
         outcome.connections += 1;
-        // This connection's records by sequence number (1-based), and how far they are settled.
-        let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
-        let settled: Arc<Mutex<Vec<Option<Try>>>> = Arc::default();
+        // This connection's records by sequence number (1-based), and what the agent said.
+        let sent: Arc<Mutex<(Vec<Sent>, AckReader)>> = Arc::default();
         let reader = tokio::spawn({
-            let (sent, settled) = (sent.clone(), settled.clone());
+            let sent = sent.clone();
             async move {
-                let mut upto = 0usize;
                 let mut max_wait = Duration::ZERO;
                 // A line the protocol does not allow is a finding, not a reason to resend.
                 let mut violation = None;
                 while let Ok(Some(line)) = lines.next_line().await {
-                    let mut words = line.split_whitespace();
-                    let (kind, number) = (words.next(), words.next().and_then(|n| n.parse::<usize>().ok()));
-                    let mut settled = settled.lock().expect("settled");
-                    let sent = sent.lock().expect("sent");
-                    match (kind, number) {
-                        (Some("ACK"), Some(n)) if n <= sent.len() => {
-                            for i in upto..n {
-                                if settled[i].is_none() {
-                                    settled[i] = Some(Try::Acked);
-                                    max_wait = max_wait.max(sent[i].at.elapsed());
+                    let mut sent = sent.lock().expect("sent");
+                    match sent.1.line(&line) {
+                        Ok(settled) => {
+                            for (index, how) in settled {
+                                if how == Settled::Acked {
+                                    max_wait = max_wait.max(sent.0[index].at.elapsed());
                                 }
                             }
-                            upto = upto.max(n);
                         }
-                        (Some("NAK"), Some(n)) if n > upto && n <= sent.len() && settled[n - 1].is_none() => {
-                            settled[n - 1] = Some(Try::Naked(words.next().unwrap_or("").to_string()));
-                        }
-                        _ => {
-                            violation.get_or_insert(format!(
-                                "{line:?} after ACK {upto} with {} records sent on the connection",
-                                sent.len()
-                            ));
+                        Err(error) => {
+                            violation.get_or_insert(error);
                         }
                     }
                 }
@@ -177,10 +166,10 @@ async fn run_acked(
             }
             let text: String = batch.iter().map(|&(seq, attempt)| record(&name, seq, attempt) + "\n").collect();
             {
-                let (mut sent, mut settled) = (sent.lock().expect("sent"), settled.lock().expect("settled"));
+                let mut sent = sent.lock().expect("sent");
+                sent.1.sent(batch.len());
                 for &(seq, attempt) in &batch {
-                    sent.push(Sent { seq, attempt, at: Instant::now() });
-                    settled.push(None);
+                    sent.0.push(Sent { seq, attempt, at: Instant::now() });
                     outcome.sent += 1;
                     if attempt > 0 {
                         outcome.resent += 1;
@@ -210,9 +199,14 @@ async fn run_acked(
             _ = give_up.cancelled() => Duration::ZERO,
         };
         outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
-        let (sent, settled) = (sent.lock().expect("sent"), settled.lock().expect("settled"));
-        for (record, state) in sent.iter().zip(settled.iter()) {
-            let state = state.clone().unwrap_or(if give_up.is_cancelled() { Try::Unsettled } else { Try::Unknown });
+        let sent = sent.lock().expect("sent");
+        for (record, state) in sent.0.iter().zip(sent.1.settled()) {
+            let state = match state {
+                Some(Settled::Acked) => Try::Acked,
+                Some(Settled::Naked(reason)) => Try::Naked(reason.clone()),
+                None if give_up.is_cancelled() => Try::Unsettled,
+                None => Try::Unknown,
+            };
             if state == Try::Unknown {
                 again.push_back((record.seq, record.attempt + 1));
             }

@@ -11,6 +11,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
+use super::acks::{AckReader, Settled};
+
 /// Record `n` of the run tagged `tag`, as JSON with a little padding (about 200 bytes).
 pub fn numbered(tag: &str, n: u64) -> String {
     format!(r#"{{"tag":"{tag}","n":{n},"level":"info","message":"numbered record {n}","pad":"{}"}}"#, "p".repeat(100))
@@ -144,31 +146,22 @@ async fn run_acked(
             Ok(Some(line)) if line.starts_with("OK ") => {}
             _ => continue,
         }
-        // Numbers written on this connection, by sequence (seq 1 = index 0).
-        let numbers: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::new()));
+        // Numbers written on this connection, by sequence (seq 1 = index 0), and what the
+        // agent said of them.
+        let numbers: Arc<Mutex<(Vec<u64>, AckReader)>> = Arc::default();
         let reader = tokio::spawn({
             let (numbers, acked, refused) = (numbers.clone(), acked.clone(), refused.clone());
             async move {
-                let mut upto = 0usize;
                 while let Ok(Some(line)) = lines.next_line().await {
-                    let mut words = line.split_whitespace();
-                    match (words.next(), words.next().and_then(|n| n.parse::<usize>().ok())) {
-                        (Some("ACK"), Some(seq)) => {
-                            let numbers = numbers.lock().expect("numbers");
-                            let refused = refused.lock().expect("refused");
-                            let mut acked = acked.lock().expect("acked");
-                            for n in &numbers[upto..seq] {
-                                if !refused.contains(n) {
-                                    acked.insert(*n);
-                                }
-                            }
-                            upto = seq;
-                        }
-                        (Some("NAK"), Some(seq)) => {
-                            let n = numbers.lock().expect("numbers")[seq - 1];
-                            refused.lock().expect("refused").insert(n);
-                        }
-                        _ => panic!("unexpected acknowledgement line: {line}"),
+                    let mut numbers = numbers.lock().expect("numbers");
+                    let settled =
+                        numbers.1.line(&line).unwrap_or_else(|error| panic!("broken acknowledgements: {error}"));
+                    for (index, how) in settled {
+                        let n = numbers.0[index];
+                        match how {
+                            Settled::Acked => acked.lock().expect("acked").insert(n),
+                            Settled::Naked(_) => refused.lock().expect("refused").insert(n),
+                        };
                     }
                 }
             }
@@ -186,7 +179,11 @@ async fn run_acked(
                 batch.push(next);
                 next += 1;
             }
-            numbers.lock().expect("numbers").extend(&batch);
+            {
+                let mut numbers = numbers.lock().expect("numbers");
+                numbers.0.extend(&batch);
+                numbers.1.sent(batch.len());
+            }
             if write.write_all(text.as_bytes()).await.is_err() {
                 broken = true;
             } else {
