@@ -32,6 +32,12 @@ use crate::config::Config;
 /// Renders the running config (secrets redacted) for `/config`.
 pub type ConfigView = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// `/config` for a process whose running config is `running`: secrets redacted.
+pub fn config_view(running: &std::sync::Arc<std::sync::RwLock<crate::config::Config>>) -> ConfigView {
+    let running = running.clone();
+    std::sync::Arc::new(move || running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).to_redacted_toml())
+}
+
 /// Says whether the process is ready (with a short status line) or why not. Must be cheap: it
 /// runs per request.
 pub type ReadinessCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;

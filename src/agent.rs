@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ConfigView, ReadinessCheck};
+use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ReadinessCheck};
 use crate::buffer::ack::AckBudget;
 use crate::buffer::spool::{Spool, SpoolOp, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
@@ -130,7 +130,7 @@ pub async fn run(
     let mut services = vec![tasks.service(
         "admin",
         background.clone(),
-        admin.serve(metrics, ready.clone(), config_view(&running), background.clone()),
+        admin.serve(metrics, ready.clone(), crate::admin::config_view(&running), background.clone()),
     )];
     if let Some(reloading) = reloading {
         let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
@@ -287,12 +287,6 @@ pub(crate) fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
     // One line with the whole drain's outcome, beside the counters (a scrape may miss the end).
     info!(lost, in_spool, abandoned, "drain finished");
     DrainReport { undelivered: (lost + in_spool) as usize, lost: lost as usize, abandoned: abandoned as usize }
-}
-
-/// `/config`: the running config, secrets redacted.
-pub fn config_view(running: &Arc<RwLock<Config>>) -> ConfigView {
-    let running = running.clone();
-    Arc::new(move || running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).to_redacted_toml())
 }
 
 /// What a config reload can change in a running agent.

@@ -63,4 +63,24 @@ mod tests {
         }
         assert!(missing.is_empty(), "ARCHITECTURE.md's code map lacks {missing:?}");
     }
+
+    /// Dependencies point down: the persister shares nothing with the agent's pipeline but what
+    /// both use from below it (config, envelope, admin, telemetry, lifecycle).
+    #[test]
+    fn the_persister_imports_nothing_from_the_agent_or_its_pipeline() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root.join("persist.rs")];
+        let mut dirs = vec![root.join("persist")];
+        while let Some(dir) = dirs.pop() {
+            for path in std::fs::read_dir(&dir).expect("persist").filter_map(Result::ok).map(|entry| entry.path()) {
+                if path.is_dir() { dirs.push(path) } else { files.push(path) }
+            }
+        }
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("source");
+            for upward in ["crate::agent", "crate::ship", "crate::ingest", "crate::buffer"] {
+                assert!(!text.contains(upward), "{} uses {upward}", file.display());
+            }
+        }
+    }
 }

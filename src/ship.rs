@@ -43,9 +43,6 @@ mod model;
 #[cfg(test)]
 mod tests;
 
-/// How often librdkafka reports its statistics (mapped to `sluice_kafka_*` metrics).
-pub const STATISTICS_INTERVAL_MS: &str = "5000";
-
 /// Most records moved from the buffer to librdkafka per wake-up.
 const SEND_BATCH: usize = 512;
 
@@ -120,7 +117,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-agent")
-        .set("statistics.interval.ms", STATISTICS_INTERVAL_MS)
+        .set("statistics.interval.ms", telemetry::librdkafka::STATISTICS_INTERVAL_MS)
         .set("acks", "all")
         .set("enable.idempotence", "true")
         // librdkafka's defaults, set so that no pass-through can weaken them (they are managed

@@ -146,7 +146,7 @@ pub(super) fn consumer_config(config: &Config) -> ClientConfig {
     client
         .set("bootstrap.servers", &config.kafka.brokers)
         .set("client.id", "sluice-persist")
-        .set("statistics.interval.ms", crate::ship::STATISTICS_INTERVAL_MS)
+        .set("statistics.interval.ms", telemetry::librdkafka::STATISTICS_INTERVAL_MS)
         .set("group.id", &config.persist.group_id)
         // Managed keys (librdkafka's defaults): with TLS, certificate and host name verified.
         .set("enable.ssl.certificate.verification", "true")
