@@ -326,8 +326,10 @@ fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::B
 /// Applies new configs as they come (SIGHUP or a changed file) until `stop`.
 async fn reload_agent(live: Live, running: Arc<RwLock<Config>>, stop: CancellationToken) {
     let path = live.reloading.path.clone();
-    reload::follow(path, reload::Role::Agent, &running, stop, |current, effective| live.apply(current, effective))
-        .await;
+    reload::follow(path, crate::config::Role::Agent, &running, stop, |current, effective| {
+        live.apply(current, effective)
+    })
+    .await;
 }
 
 /// The memory buffer, or for `buffer.type = "disk"` the spool (recovered from disk) with the

@@ -275,6 +275,26 @@ fn describe(error: &figment::Error) -> String {
         .join("; ")
 }
 
+/// Which process a config runs: each reads only its own sections, and says which it is in
+/// `sluice_build_info{role}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `sluice agent`
+    Agent,
+    /// `sluice persist`
+    Persist,
+}
+
+impl Role {
+    /// The `role` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Persist => "persist",
+        }
+    }
+}
+
 /// Where a validation error is: the file, and the dotted key of the section being checked.
 pub(crate) struct At<'a> {
     file: &'a str,

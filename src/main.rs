@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sluice::config::Config;
+use sluice::config::{Config, Role};
 use sluice::shutdown::Shutdown;
 use sluice::{agent, client, persist, telemetry};
 
@@ -275,12 +275,6 @@ fn main() -> ExitCode {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Role {
-    Agent,
-    Persist,
-}
-
 fn check_config(file: &std::path::Path) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
@@ -314,10 +308,7 @@ fn serve(file: &std::path::Path, role: Role) -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        let metrics = telemetry::install_recorder(match role {
-            Role::Agent => "agent",
-            Role::Persist => "persist",
-        })?;
+        let metrics = telemetry::install_recorder(role.as_str())?;
         let shutdown = Shutdown::install().context("cannot install signal handlers")?;
         let scrape = metrics.clone();
         let work = async {

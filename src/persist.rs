@@ -290,7 +290,7 @@ fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, drainin
 /// Applies new configs (log level, batch limits) as they come until `stop`.
 async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<Config>>, stop: CancellationToken) {
     let path = reloading.path.clone();
-    reload::follow(path, reload::Role::Persist, &running, stop, |current, effective| {
+    reload::follow(path, crate::config::Role::Persist, &running, stop, |current, effective| {
         if current.log.level != effective.log.level
             && let Some(log) = &reloading.log
             && let Err(error) = log.set_level(&effective.log.level)

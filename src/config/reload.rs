@@ -12,21 +12,12 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::warn;
 
-use super::{Config, ConfigError};
+use super::{Config, ConfigError, Role};
 use crate::telemetry;
 use crate::telemetry::outcome::Reload;
 
 /// How often the file's content is compared with what is running.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
-
-/// Which process is reloading: each reads only its own sections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// `sluice agent`
-    Agent,
-    /// `sluice persist`
-    Persist,
-}
 
 impl Role {
     fn sections(self) -> &'static [&'static str] {

@@ -282,7 +282,7 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
 }
 
 mod reloading {
-    use super::super::reload::{Role, changed_keys, fingerprint, follow, plan};
+    use super::super::reload::{changed_keys, fingerprint, follow, plan};
     use super::*;
 
     /// A file changed between the start's load and the watcher's first look (a ConfigMap
