@@ -141,7 +141,7 @@ pub async fn run(
     services.push(tasks.service("probe", background.clone(), probe));
     let spooler_task = spool_writer.map(|writer| {
         let task =
-            spooler::run(buffer.clone(), writer, config.spool().fsync, stages.spooler.clone(), stages.abandon.clone());
+            spooler::run(buffer.clone(), writer, config.buffer.fsync, stages.spooler.clone(), stages.abandon.clone());
         tasks.service("spooler", stages.spooler.clone(), task.instrument(info_span!("spool")))
     });
     let ship_task = {
@@ -338,7 +338,7 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
     if config.buffer.kind == BufferKind::Memory {
         return Ok((Buffer::for_config(config), None));
     }
-    let spool_config = config.spool();
+    let spool_config = crate::buffer::spool::SpoolConfig::for_config(config);
     let dir = spool_config.dir.clone();
     let (spool, writer, recovered) = tokio::task::spawn_blocking(move || Spool::open(spool_config))
         .await

@@ -29,9 +29,9 @@ mod serde_helpers;
 mod ship;
 
 pub use self::agent::AgentConfig;
-pub use self::buffer::{BufferConfig, BufferKind, FsyncPolicy, MIN_BUFFER_BYTES, MIN_DISK_BYTES, WhenFull};
+pub use self::buffer::{BufferConfig, BufferKind, Fsync, MIN_BUFFER_BYTES, MIN_DISK_BYTES, WhenFull};
 pub use self::ingest::{
-    AckPointConfig, IngestConfig, ListenerConfig, Protocol, RateLimitAction, RateLimitConfig, RateLimitKey, Transport,
+    AckPoint, IngestConfig, ListenerConfig, Protocol, RateLimitAction, RateLimitConfig, RateLimitKey, Transport,
 };
 pub use self::kafka::KafkaConfig;
 pub use self::log::{LogConfig, LogFormat};
@@ -102,11 +102,10 @@ pub const ENVELOPE_HEADROOM: u64 = 4 * 1024;
 
 impl Config {
     /// The effective `ingest.ack_point`.
-    pub fn ack_point(&self) -> crate::buffer::ack::AckPoint {
-        use crate::buffer::ack::AckPoint;
+    pub fn ack_point(&self) -> AckPoint {
         match (self.ingest.ack_point, self.buffer.kind) {
-            (Some(AckPointConfig::Delivered), _) | (None, BufferKind::Memory) => AckPoint::Delivered,
-            (Some(AckPointConfig::Spooled), _) | (None, BufferKind::Disk) => AckPoint::Spooled,
+            (Some(AckPoint::Delivered), _) | (None, BufferKind::Memory) => AckPoint::Delivered,
+            (Some(AckPoint::Spooled), _) | (None, BufferKind::Disk) => AckPoint::Spooled,
         }
     }
 
@@ -131,26 +130,6 @@ impl Config {
             .iter()
             .max_by_key(|(_, listener)| listener.max_record_size.as_u64())
             .map_or("default", |(name, _)| name.as_str())
-    }
-
-    /// Spool settings for `buffer.type = "disk"`.
-    pub fn spool(&self) -> crate::buffer::spool::SpoolConfig {
-        use crate::buffer::spool::{Fsync, SpoolConfig};
-        let max_bytes = self.buffer.max_disk_bytes.as_u64();
-        let record = usize::try_from(self.largest_record()).unwrap_or(usize::MAX);
-        SpoolConfig {
-            dir: self.buffer.path.clone(),
-            max_bytes,
-            // Several segments fit under the cap, so delivered ones can be freed while others fill.
-            segment_bytes: (max_bytes / 8).clamp(64 * 1024, 16 * 1024 * 1024),
-            fsync: match self.buffer.fsync {
-                FsyncPolicy::Never => Fsync::Never,
-                FsyncPolicy::Always => Fsync::Always,
-                FsyncPolicy::Interval(every) => Fsync::Interval(every),
-            },
-            // JSON-escaping a text line can grow it up to six times; the envelope adds a little.
-            max_body: record.saturating_mul(6).saturating_add(64 * 1024),
-        }
     }
 
     /// Reads `path`, applies `SLUICE_*__*` environment overrides, validates.
@@ -192,7 +171,7 @@ impl Config {
         self.persist.validate(&at.within("persist"))?;
         self.postgres.validate(&at.within("postgres"))?;
         self.validate_buffer_against_records(&at.within("buffer"))?;
-        if self.ingest.ack_point == Some(AckPointConfig::Spooled) && self.buffer.kind != BufferKind::Disk {
+        if self.ingest.ack_point == Some(AckPoint::Spooled) && self.buffer.kind != BufferKind::Disk {
             return Err(at.invalid("ingest.ack_point", "\"spooled\" needs buffer.type = \"disk\""));
         }
         Ok(())

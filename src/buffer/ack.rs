@@ -24,24 +24,7 @@ use tokio::sync::Notify;
 
 use crate::telemetry::outcome::Refused;
 
-/// The point at which a writer hears that its record is safe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AckPoint {
-    /// Written to the disk spool (and synced, if `buffer.fsync` syncs).
-    Spooled,
-    /// Acknowledged by Kafka (acks=all).
-    Delivered,
-}
-
-impl AckPoint {
-    /// The word used in the protocol.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AckPoint::Spooled => "spooled",
-            AckPoint::Delivered => "delivered",
-        }
-    }
-}
+pub use crate::config::AckPoint;
 
 /// What a writer is told, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,7 +29,6 @@ use std::fs::File;
 use std::io::{self};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 mod ledger;
 mod reader;
@@ -37,6 +36,7 @@ mod recovery;
 pub mod segment;
 mod writer;
 
+pub use crate::config::Fsync;
 use ledger::{SegmentState, State};
 pub use reader::{DiskRecord, MAX_READ_FAILURES, READ_FAILURE_GRACE, ReadBatch, SpoolReader};
 #[cfg(test)]
@@ -69,17 +69,6 @@ impl SpoolPos {
     }
 }
 
-/// When written records are forced to stable storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fsync {
-    /// Never; the OS writes back when it likes. Survives a crash of sluice, not of the machine.
-    Never,
-    /// At most this long after a write (one fsync covers everything written meanwhile).
-    Interval(Duration),
-    /// Before a record counts as spooled (group commit: one fsync per batch of writes).
-    Always,
-}
-
 /// Spool settings, derived from `[buffer]`.
 #[derive(Debug, Clone)]
 pub struct SpoolConfig {
@@ -93,6 +82,23 @@ pub struct SpoolConfig {
     pub fsync: Fsync,
     /// Largest frame body accepted when reading (anything larger is damage).
     pub max_body: usize,
+}
+
+impl SpoolConfig {
+    /// The spool of `buffer.type = "disk"`, from `[buffer]` and the listeners' largest record.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        let max_bytes = config.buffer.max_disk_bytes.as_u64();
+        let record = usize::try_from(config.largest_record()).unwrap_or(usize::MAX);
+        SpoolConfig {
+            dir: config.buffer.path.clone(),
+            max_bytes,
+            // Several segments fit under the cap, so delivered ones can be freed while others fill.
+            segment_bytes: (max_bytes / 8).clamp(64 * 1024, 16 * 1024 * 1024),
+            fsync: config.buffer.fsync,
+            // JSON-escaping a text line can grow it up to six times; the envelope adds a little.
+            max_body: record.saturating_mul(6).saturating_add(64 * 1024),
+        }
+    }
 }
 
 /// What start-up found on disk.

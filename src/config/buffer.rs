@@ -46,7 +46,7 @@ pub struct BufferConfig {
     /// a crash of sluice, not of the machine), `"always"` (before a record counts as spooled; one
     /// fsync covers every record written meanwhile), or an interval such as `"10ms"`.
     /// Default `"100ms"`.
-    pub fsync: FsyncPolicy,
+    pub fsync: Fsync,
 }
 
 impl Default for BufferConfig {
@@ -59,7 +59,7 @@ impl Default for BufferConfig {
             block_timeout: Some(Duration::from_secs(1)),
             path: PathBuf::from("/var/lib/sluice/spool"),
             max_disk_bytes: ByteSize::mib(256),
-            fsync: FsyncPolicy::Interval(Duration::from_millis(100)),
+            fsync: Fsync::Interval(Duration::from_millis(100)),
         }
     }
 }
@@ -74,40 +74,41 @@ pub enum BufferKind {
     Disk,
 }
 
-/// `buffer.fsync`: `"never"`, `"always"`, or an interval like `"10ms"`.
+/// `buffer.fsync`, when written records are forced to stable storage: `"never"`, `"always"`, or
+/// an interval like `"10ms"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsyncPolicy {
-    /// Never force writes.
+pub enum Fsync {
+    /// Never; the OS writes back when it likes. Survives a crash of sluice, not of the machine.
     Never,
-    /// Force at most this long after a write.
+    /// At most this long after a write (one fsync covers everything written meanwhile).
     Interval(Duration),
-    /// Force before a record counts as spooled (group commit).
+    /// Before a record counts as spooled (group commit: one fsync per batch of writes).
     Always,
 }
 
-impl std::fmt::Display for FsyncPolicy {
+impl std::fmt::Display for Fsync {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FsyncPolicy::Never => f.write_str("never"),
-            FsyncPolicy::Always => f.write_str("always"),
-            FsyncPolicy::Interval(every) => write!(f, "{}", humantime::format_duration(*every)),
+            Fsync::Never => f.write_str("never"),
+            Fsync::Always => f.write_str("always"),
+            Fsync::Interval(every) => write!(f, "{}", humantime::format_duration(*every)),
         }
     }
 }
 
-impl Serialize for FsyncPolicy {
+impl Serialize for Fsync {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
 }
 
-impl<'de> Deserialize<'de> for FsyncPolicy {
+impl<'de> Deserialize<'de> for Fsync {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         match text.as_str() {
-            "never" => Ok(FsyncPolicy::Never),
-            "always" => Ok(FsyncPolicy::Always),
-            interval => humantime::parse_duration(interval).map(FsyncPolicy::Interval).map_err(|_| {
+            "never" => Ok(Fsync::Never),
+            "always" => Ok(Fsync::Always),
+            interval => humantime::parse_duration(interval).map(Fsync::Interval).map_err(|_| {
                 serde::de::Error::custom(format!("`{text}` is not \"never\", \"always\" or an interval like \"10ms\""))
             }),
         }
@@ -168,7 +169,7 @@ impl BufferConfig {
                 return Err(at.invalid("path", "must be a directory path"));
             }
         }
-        if let FsyncPolicy::Interval(every) = self.fsync
+        if let Fsync::Interval(every) = self.fsync
             && (every.is_zero() || every > Duration::from_secs(60))
         {
             return Err(at.invalid("fsync", "an interval must be between 1ms and 60s"));

@@ -24,7 +24,7 @@ pub struct IngestConfig {
     /// the disk spool and synced per `buffer.fsync`; needs `buffer.type = "disk"`) or
     /// `"delivered"` (acknowledged by Kafka). Default: `"spooled"` with a disk buffer,
     /// `"delivered"` with a memory buffer. Applies to acknowledged lines and to Forward acks.
-    pub ack_point: Option<AckPointConfig>,
+    pub ack_point: Option<AckPoint>,
     /// Deepest nesting accepted in a JSON record (objects and arrays); deeper ones are refused
     /// with `reason="too_deep"`. Default `64`.
     pub max_json_depth: u32,
@@ -40,14 +40,25 @@ impl Default for IngestConfig {
     }
 }
 
-/// `ingest.ack_point`.
+/// `ingest.ack_point`: the point at which a writer in acknowledged mode hears that its record
+/// is safe.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum AckPointConfig {
-    /// In the disk spool.
+pub enum AckPoint {
+    /// Written to the disk spool (and synced, if `buffer.fsync` syncs).
     Spooled,
-    /// Acknowledged by Kafka.
+    /// Acknowledged by Kafka (acks=all).
     Delivered,
+}
+
+impl AckPoint {
+    /// The word used in config and in the protocol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckPoint::Spooled => "spooled",
+            AckPoint::Delivered => "delivered",
+        }
+    }
 }
 
 /// What a listener speaks. The names are the `protocol` label of the ingest metrics.

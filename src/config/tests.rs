@@ -265,7 +265,7 @@ fn disk_buffer_keys_read_as_documented() {
     )
     .expect("valid");
     assert_eq!(config.buffer.kind, BufferKind::Disk);
-    assert_eq!(config.buffer.fsync, FsyncPolicy::Interval(Duration::from_millis(10)));
+    assert_eq!(config.buffer.fsync, Fsync::Interval(Duration::from_millis(10)));
     assert_eq!(config.buffer.block_timeout, None);
     assert_eq!(config.buffer.when_full, WhenFull::DropOldest);
     assert_eq!(config.ack_point(), crate::buffer::ack::AckPoint::Spooled);
