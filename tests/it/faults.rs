@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::support::*;
+use sluice::telemetry;
 
 fn outage() -> Duration {
     Duration::from_secs(std::env::var("SLUICE_FAULT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30))
@@ -133,7 +134,7 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     tokio::time::sleep(outage()).await;
     let during = scrape(p.config.agent_admin()).await;
     assert!(
-        during.count("sluice_buffer_oldest_record_age_seconds", &[]) >= outage().as_secs_f64() - 5.0,
+        during.count(telemetry::BUFFER_OLDEST_AGE, &[]) >= outage().as_secs_f64() - 5.0,
         "the oldest record has waited about as long as the outage:\n{}",
         during.0
     );
@@ -148,8 +149,8 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     let admin = p.config.agent_admin();
     let dropped = eventually("every record read", || async {
         let metrics = scrape(admin).await;
-        (metrics.count("sluice_ingest_records_total", &[]) as u64 == sent)
-            .then(|| metrics.count("sluice_buffer_records_dropped_total", &[]) as u64)
+        (metrics.count(telemetry::INGEST_RECORDS, &[]) as u64 == sent)
+            .then(|| metrics.count(telemetry::BUFFER_DROPPED, &[]) as u64)
     })
     .await;
     let rows = sent - dropped;
@@ -161,17 +162,16 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     if dropped > 0 {
         eprintln!("{dropped} of {sent} records dropped and counted (block_timeout) under this machine's load");
     }
-    assert!(during.count("sluice_spool_records", &[]) > 1000.0, "the spool held the outage's records");
+    assert!(during.count(telemetry::SPOOL_RECORDS, &[]) > 1000.0, "the spool held the outage's records");
     eventually("depth and age fall back once Kafka is back", || async {
         let after = scrape(admin).await;
-        (after.count("sluice_spool_records", &[]) < 100.0
-            && after.count("sluice_buffer_oldest_record_age_seconds", &[]) < 5.0)
+        (after.count(telemetry::SPOOL_RECORDS, &[]) < 100.0 && after.count(telemetry::BUFFER_OLDEST_AGE, &[]) < 5.0)
             .then_some(())
     })
     .await;
     let after = scrape(p.config.agent_admin()).await;
     for reason in ["drop_newest", "drop_oldest", "corrupt"] {
-        assert_eq!(after.count("sluice_buffer_records_dropped_total", &[("reason", reason)]), 0.0, "{reason}");
+        assert_eq!(after.count(telemetry::BUFFER_DROPPED, &[("reason", reason)]), 0.0, "{reason}");
     }
     assert_topic_holds_each_once(&p, rows, &after, false).await;
 }
@@ -185,8 +185,8 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
 /// in `sluice_ship_records_retried_total`. With `retries_allowed = false` none may happen.
 async fn assert_topic_holds_each_once(p: &BrokerPipeline, records: u64, agent: &Metrics, retries_allowed: bool) {
     let topic = read_topic(&p.broker.bootstrap, &p.tag).await;
-    let retried = agent.count("sluice_ship_records_retried_total", &[]) as u64;
-    let delivered = agent.count("sluice_ship_records_delivered_total", &[]) as u64;
+    let retried = agent.count(telemetry::SHIP_RETRIED, &[]) as u64;
+    let delivered = agent.count(telemetry::SHIP_DELIVERED, &[]) as u64;
     assert_eq!(topic.distinct_ids() as u64, records, "distinct ids in the topic");
     assert_eq!(delivered, records, "the delivered counter counts each record once");
     if retries_allowed {
@@ -221,9 +221,9 @@ async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_dro
     let admin = p.config.agent_admin();
     let (ingested, dropped) = eventually("every record read", || async {
         let metrics = scrape(admin).await;
-        let ingested = metrics.count("sluice_ingest_records_total", &[]);
+        let ingested = metrics.count(telemetry::INGEST_RECORDS, &[]);
         (ingested as u64 == sent)
-            .then(|| (ingested, metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])))
+            .then(|| (ingested, metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")])))
     })
     .await;
     assert!(dropped > 0.0, "a 1 MiB buffer cannot hold a {}s outage", outage().as_secs());
@@ -235,7 +235,7 @@ async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_dro
     assert_eq!(distinct.len(), numbers.len(), "duplicate rows");
     assert!(distinct.iter().all(|n| *n < sent));
     let after = scrape(admin).await;
-    assert_eq!(after.count("sluice_ship_records_failed_total", &[("reason", "drain_timeout")]), 0.0);
+    assert_eq!(after.count(telemetry::SHIP_FAILED, &[("reason", "drain_timeout")]), 0.0);
     assert_topic_holds_each_once(&p, rows, &after, true).await;
 }
 
@@ -327,8 +327,10 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered(&topic, n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
     let admin = config.agent_admin();
-    eventually("spooled", || async { (scrape(admin).await.count("sluice_spool_records", &[]) == 300.0).then_some(()) })
-        .await;
+    eventually("spooled", || async {
+        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 300.0).then_some(())
+    })
+    .await;
     agent.signal("TERM");
     assert!(agent.wait(Duration::from_secs(20)).await.success());
 
@@ -352,9 +354,9 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     let _agent = start_agent(&config).await;
     let db = pg(&services, &config.schema()).await;
     let metrics = scrape(config.agent_admin()).await;
-    let corrupt = metrics.count("sluice_buffer_records_dropped_total", &[("reason", "corrupt")]);
+    let corrupt = metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "corrupt")]);
     assert!(corrupt >= 1.0, "{}", metrics.0);
-    let recovered = metrics.count("sluice_spool_recovered_records_total", &[]) as i64;
+    let recovered = metrics.count(telemetry::SPOOL_RECOVERED, &[]) as i64;
     assert!((250..300).contains(&recovered), "recovered {recovered}");
     assert!(std::fs::read_dir(spool.join("quarantine")).expect("quarantine dir").count() >= 1);
     wait_for_rows(&db, recovered, WAIT).await;
@@ -392,7 +394,7 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     let (status, _) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "not ready while postgres is away");
     let lagging = scrape(config.persist_admin()).await;
-    let lag: f64 = ["0", "1"].iter().map(|p| lagging.count("sluice_persist_lag_records", &[("partition", p)])).sum();
+    let lag: f64 = ["0", "1"].iter().map(|p| lagging.count(telemetry::PERSIST_LAG_RECORDS, &[("partition", p)])).sum();
     assert!(lag > 1000.0, "consumer lag rises while postgres is away:\n{}", lagging.0);
     proxy.restore();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -405,12 +407,12 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     eventually("lag falls back to 0", || async {
         let metrics = scrape(admin).await;
         let lag: f64 =
-            ["0", "1"].iter().map(|p| metrics.count("sluice_persist_lag_records", &[("partition", p)])).sum();
+            ["0", "1"].iter().map(|p| metrics.count(telemetry::PERSIST_LAG_RECORDS, &[("partition", p)])).sum();
         (lag == 0.0).then_some(())
     })
     .await;
     let metrics = scrape(config.persist_admin()).await;
-    assert!(metrics.count("sluice_persist_write_errors_total", &[]) > 0.0);
+    assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) > 0.0);
 }
 
 fn rss_kib(pid: i32) -> u64 {
@@ -493,13 +495,8 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
         .map(|r| r.get(0))
         .collect();
     assert_eq!(payloads, vec!["before", "after"]);
-    wait_for_count(
-        config.persist_admin(),
-        "sluice_persist_dead_letters_total",
-        &[("reason", "rejected_by_postgres")],
-        1.0,
-    )
-    .await;
+    wait_for_count(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &[("reason", "rejected_by_postgres")], 1.0)
+        .await;
 }
 
 /// An agent whose Kafka never answers, with a 1 MiB spool: only the cap's policy decides.
@@ -530,9 +527,9 @@ async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_rec
     let metrics = every_record_spooled_or_dropped(admin, 20_000.0).await;
     // About 330 bytes a frame: a 1 MiB spool holds some 3,000 of them, minus what a partly filled
     // last segment wastes. Regression: a batch that did not fit whole was dropped whole.
-    let spooled = metrics.count("sluice_spool_records", &[]);
+    let spooled = metrics.count(telemetry::SPOOL_RECORDS, &[]);
     assert!(spooled > 2500.0 && spooled < 20_000.0, "spooled {spooled}");
-    assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
+    assert!(metrics.count(telemetry::SPOOL_BYTES, &[]) <= (1024 * 1024) as f64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,13 +540,13 @@ async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segme
     let admin = config.agent_admin();
     let metrics = eventually("oldest dropped", || async {
         let metrics = scrape(admin).await;
-        (metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
-            && metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_oldest")]) > 0.0)
+        (metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0
+            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_oldest")]) > 0.0)
             .then_some(metrics)
     })
     .await;
-    assert!(metrics.count("sluice_spool_bytes", &[]) <= (1024 * 1024) as f64);
-    assert_eq!(metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]), 0.0);
+    assert!(metrics.count(telemetry::SPOOL_BYTES, &[]) <= (1024 * 1024) as f64);
+    assert_eq!(metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]), 0.0);
 }
 
 /// Waits until the agent has read `n` records and each is either in the spool or dropped by
@@ -557,9 +554,9 @@ async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segme
 async fn every_record_spooled_or_dropped(admin: std::net::SocketAddr, n: f64) -> Metrics {
     eventually("all records accounted", || async {
         let metrics = scrape(admin).await;
-        (metrics.count("sluice_ingest_records_total", &[]) == n
-            && metrics.count("sluice_spool_records", &[])
-                + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")])
+        (metrics.count(telemetry::INGEST_RECORDS, &[]) == n
+            && metrics.count(telemetry::SPOOL_RECORDS, &[])
+                + metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")])
                 == n)
             .then_some(metrics)
     })
@@ -610,8 +607,8 @@ async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_th
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
     let metrics = every_record_spooled_or_dropped(admin, 20_000.0).await;
-    assert!(metrics.count("sluice_spool_errors_total", &[("op", "write")]) >= 1.0, "{}", metrics.0);
-    assert!(metrics.count("sluice_spool_records", &[]) > 1000.0);
+    assert!(metrics.count(telemetry::SPOOL_ERRORS, &[("op", "write")]) >= 1.0, "{}", metrics.0);
+    assert!(metrics.count(telemetry::SPOOL_RECORDS, &[]) > 1000.0);
     assert!(agent.running(), "a full disk must not stop the agent");
     assert_eq!(http_get(admin, "/healthz").await.expect("healthz").0, 200);
     agent.signal("TERM");
@@ -659,8 +656,10 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered("fullstart", n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
     let admin = config.agent_admin();
-    eventually("spooled", || async { (scrape(admin).await.count("sluice_spool_records", &[]) == 300.0).then_some(()) })
-        .await;
+    eventually("spooled", || async {
+        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 300.0).then_some(())
+    })
+    .await;
     agent.signal("TERM");
     assert!(agent.wait(Duration::from_secs(20)).await.success());
 
@@ -682,7 +681,7 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let mut agent = Process::spawn("agent", &args, config.dir.path());
     eventually("socket", || async { config.socket().exists().then_some(()) }).await;
     let recovered = eventually("recovered", || async {
-        let recovered = scrape(admin).await.count("sluice_spool_recovered_records_total", &[]);
+        let recovered = scrape(admin).await.count(telemetry::SPOOL_RECOVERED, &[]);
         (recovered > 0.0).then_some(recovered)
     })
     .await;
@@ -698,10 +697,10 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     send_lines(&config.socket(), &more).await;
     let metrics = eventually("dropped by policy", || async {
         let metrics = scrape(admin).await;
-        (metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]) == 200.0).then_some(metrics)
+        (metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]) == 200.0).then_some(metrics)
     })
     .await;
-    assert!(metrics.count("sluice_spool_errors_total", &[("op", "write")]) >= 1.0, "{}", metrics.0);
+    assert!(metrics.count(telemetry::SPOOL_ERRORS, &[("op", "write")]) >= 1.0, "{}", metrics.0);
 
     // Room again: records are spooled again.
     std::fs::remove_file(&filler).expect("free the disk");
@@ -710,14 +709,14 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     // Spooled, or counted as `corrupt` (records the backlog reader gave up behind damage it met;
     // the damage recovery found is read around, so none are expected).
     let held = |metrics: &Metrics| {
-        metrics.count("sluice_spool_records", &[])
-            + metrics.count("sluice_buffer_records_dropped_total", &[("reason", "corrupt")])
+        metrics.count(telemetry::SPOOL_RECORDS, &[])
+            + metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "corrupt")])
     };
     let held_before = held(&metrics);
     eventually("spooled again", || async {
         let metrics = scrape(admin).await;
         (held(&metrics) >= held_before + 200.0
-            && metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]) == 200.0)
+            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]) == 200.0)
             .then_some(())
     })
     .await;

@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::support::*;
+use sluice::telemetry;
 
 /// Waits until the agent closes `stream` (a read sees end of stream or a reset).
 async fn closed_by_agent(stream: &mut UnixStream) {
@@ -52,11 +53,11 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
 
     wait_for_rows(db, 3, WAIT).await;
     let rejected = |reason| ("reason", reason);
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &[rejected("contains_nul")], 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &[rejected("contains_nul")], 1.0).await;
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[rejected("too_deep")]), 1.0);
-    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[rejected("invalid_utf8")]), 1.0);
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 3.0);
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("too_deep")]), 1.0);
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("invalid_utf8")]), 1.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 3.0);
     let payloads: Vec<String> = db
         .query("SELECT payload FROM logs ORDER BY payload", &[])
         .await
@@ -83,7 +84,7 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
     let mut garbage = connect(&socket).await;
     garbage.write_all(b"5 fine!hello world").await.expect("write");
     closed_by_agent(&mut garbage).await;
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &malformed, 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &malformed, 1.0).await;
 
     // A declared length of 4 GiB: skipped as it arrives, never held, then cut short.
     let mut huge = connect(&socket).await;
@@ -92,9 +93,9 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
         huge.write_all(&[b'x'; 1000]).await.expect("write");
     }
     let metrics = scrape(config.agent_admin()).await;
-    assert!(metrics.count("sluice_ingest_read_buffer_bytes", &[("listener", "octets")]) <= 1024.0);
+    assert!(metrics.count(telemetry::INGEST_READ_BUFFER_BYTES, &[("listener", "octets")]) <= 1024.0);
     drop(huge);
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &malformed, 2.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &malformed, 2.0).await;
 
     // An overlong body is skipped and the connection goes on.
     let mut overlong = connect(&socket).await;
@@ -103,7 +104,7 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
     overlong.shutdown().await.expect("close");
     wait_for_rows(db, 2, WAIT).await;
     let too_large = [("listener", "octets"), ("reason", "too_large")];
-    assert_eq!(scrape(config.agent_admin()).await.count("sluice_ingest_records_rejected_total", &too_large), 1.0);
+    assert_eq!(scrape(config.agent_admin()).await.count(telemetry::INGEST_REJECTED, &too_large), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,13 +135,13 @@ async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
     wrong_shape.write_all(&message("after a wrong shape")).await.expect("write");
     wrong_shape.shutdown().await.expect("close");
     wait_for_rows(db, 1, WAIT).await;
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 1.0).await;
 
     // The marker msgpack never uses: the stream is lost, the connection closed.
     let mut bad_marker = connect(&socket).await;
     bad_marker.write_all(&[0x93, 0xc1]).await.expect("write");
     closed_by_agent(&mut bad_marker).await;
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 2.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 2.0).await;
 
     // A declared 4 GiB string is skipped as it arrives; a writer that leaves mid-message is
     // counted.
@@ -150,15 +151,15 @@ async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
         huge.write_all(&[b'x'; 1000]).await.expect("write");
     }
     let metrics = scrape(config.agent_admin()).await;
-    assert!(metrics.count("sluice_ingest_read_buffer_bytes", &[("listener", "fluent")]) <= 64.0 * 1024.0 + 1.0);
+    assert!(metrics.count(telemetry::INGEST_READ_BUFFER_BYTES, &[("listener", "fluent")]) <= 64.0 * 1024.0 + 1.0);
     drop(huge);
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("malformed"), 3.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 3.0).await;
 
     // Nesting deeper than max_json_depth + 3 containers cannot be delimited safely: closed.
     let mut deep = connect(&socket).await;
     deep.write_all(&[0x91; 100]).await.expect("write");
     closed_by_agent(&mut deep).await;
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &rejected("too_deep"), 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("too_deep"), 1.0).await;
 
     send_forward(&socket, &message("still served")).await;
     wait_for_rows(db, 2, WAIT).await;
@@ -182,10 +183,10 @@ async fn connections_over_max_connections_are_closed_at_once_and_counted() {
     let mut third = connect(&config.socket()).await;
     closed_by_agent(&mut third).await;
     let refused = [("listener", "default"), ("reason", "max_connections")];
-    wait_for_metric(config, "sluice_ingest_connections_refused_total", &refused, 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REFUSED, &refused, 1.0).await;
 
     drop(first);
-    wait_for_metric(config, "sluice_ingest_connections_open", &[], 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_CONNECTIONS_OPEN, &[], 1.0).await;
     send_lines(&config.socket(), &[b"room again".to_vec()]).await;
     wait_for_rows(db, 2, WAIT).await;
 }
@@ -206,12 +207,12 @@ async fn a_peer_outside_the_allowlist_is_closed_and_counted() {
     let _ = denied.write_all(b"not allowed\n").await;
     closed_by_agent(&mut denied).await;
     let refused = [("listener", "default"), ("reason", "peer_denied")];
-    wait_for_metric(config, "sluice_ingest_connections_refused_total", &refused, 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_REFUSED, &refused, 1.0).await;
 
     send_lines(&allowed.expect("socket"), &[b"allowed".to_vec()]).await;
     wait_for_rows(db, 1, WAIT).await;
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 1.0, "nothing from the denied peer");
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 1.0, "nothing from the denied peer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +222,7 @@ async fn an_idle_connection_is_closed_after_idle_timeout() {
     let mut idle = connect(&config.socket()).await;
     idle.write_all(b"one record, then silence\n").await.expect("write");
     closed_by_agent(&mut idle).await;
-    wait_for_metric(config, "sluice_ingest_connections_idle_closed_total", &[("listener", "default")], 1.0).await;
+    wait_for_metric(config, telemetry::INGEST_IDLE_CLOSED, &[("listener", "default")], 1.0).await;
     wait_for_rows(&pipeline.db, 1, WAIT).await;
 }
 
@@ -237,18 +238,18 @@ async fn slowloris_writers_hold_only_their_read_buffer_and_others_flow() {
         slow.push(stream);
     }
     // Ten partial records of 500 bytes are held, exactly.
-    wait_for_metric(config, "sluice_ingest_read_buffer_bytes", &[], 5000.0).await;
+    wait_for_metric(config, telemetry::INGEST_READ_BUFFER_BYTES, &[], 5000.0).await;
     send_lines(&config.socket(), &[b"a busy neighbour".to_vec()]).await;
     wait_for_rows(db, 1, WAIT).await;
     // Past max_record_size nothing more is held: the records are being discarded.
     for stream in &mut slow {
         stream.write_all(&[b's'; 600]).await.expect("write");
     }
-    wait_for_metric(config, "sluice_ingest_read_buffer_bytes", &[], 0.0).await;
+    wait_for_metric(config, telemetry::INGEST_READ_BUFFER_BYTES, &[], 0.0).await;
     for stream in &mut slow {
         stream.write_all(b"\n").await.expect("write");
     }
-    wait_for_metric(config, "sluice_ingest_records_rejected_total", &[("reason", "too_large")], 10.0).await;
+    wait_for_metric(config, telemetry::INGEST_REJECTED, &[("reason", "too_large")], 10.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,7 +265,7 @@ async fn throttle_slows_only_the_connection_over_its_rate() {
     let socket = config.socket();
     let flooding = tokio::spawn(async move { send_lines(&socket, &flood).await });
     eventually("the flood is throttled", || async {
-        (scrape(config.agent_admin()).await.count("sluice_ingest_records_throttled_total", &[]) >= 1.0).then_some(())
+        (scrape(config.agent_admin()).await.count(telemetry::INGEST_THROTTLED, &[]) >= 1.0).then_some(())
     })
     .await;
     // ...while a neighbour's records go straight through.
@@ -280,7 +281,7 @@ async fn throttle_slows_only_the_connection_over_its_rate() {
     within(WAIT, "the flood", flooding).await.expect("flood task");
     wait_for_rows(db, 202, WAIT).await;
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[("reason", "rate_limited")]), 0.0);
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "rate_limited")]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,8 +299,8 @@ async fn drop_counts_every_rate_limited_record_exactly() {
 
     let (accepted, dropped) = eventually("every record accounted for", || async {
         let metrics = scrape(config.agent_admin()).await;
-        let accepted = metrics.count("sluice_ingest_records_total", &[]);
-        let dropped = metrics.count("sluice_ingest_records_rejected_total", &[("reason", "rate_limited")]);
+        let accepted = metrics.count(telemetry::INGEST_RECORDS, &[]);
+        let dropped = metrics.count(telemetry::INGEST_REJECTED, &[("reason", "rate_limited")]);
         (accepted + dropped == 50.0).then_some((accepted, dropped))
     })
     .await;
@@ -400,7 +401,7 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
         "peak RSS {peak_kib} KiB over the bound {bound_kib} KiB (idle {idle_kib} KiB, {connections} connections)"
     );
     let metrics = scrape(config.agent_admin()).await;
-    let buffered = metrics.count("sluice_ingest_read_buffer_bytes", &[]) as u64;
+    let buffered = metrics.count(telemetry::INGEST_READ_BUFFER_BYTES, &[]) as u64;
     assert!(buffered <= (SLOWLORIS * 32 * 1024) as u64 + 8 * 1024 * 1024, "read buffers hold {buffered} bytes");
     eprintln!(
         "hostile peers: idle {idle_kib} KiB, peak {peak_kib} KiB, bound {bound_kib} KiB, read buffers {buffered} B"

@@ -1,6 +1,7 @@
 //! What the agent does with bad input on the socket.
 
 use crate::support::*;
+use sluice::telemetry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_the_connection() {
@@ -29,11 +30,11 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
     assert_eq!(payloads, vec!["before the bad ones".to_string(), "after the bad ones".into(), "y".repeat(1024)]);
 
     let metrics = scrape(config.agent_admin()).await;
-    let rejected = |reason| metrics.count("sluice_ingest_records_rejected_total", &[("reason", reason)]);
+    let rejected = |reason| metrics.count(telemetry::INGEST_REJECTED, &[("reason", reason)]);
     assert_eq!(rejected("too_large"), 1.0);
     assert_eq!(rejected("invalid_utf8"), 1.0);
     assert_eq!(rejected("empty"), 1.0);
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[]), 3.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +56,7 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
     slow.shutdown().await.expect("close");
     eventually("too_large counted", || async {
         let metrics = scrape(config.agent_admin()).await;
-        (metrics.count("sluice_ingest_records_rejected_total", &[("reason", "too_large")]) == 1.0).then_some(())
+        (metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]) == 1.0).then_some(())
     })
     .await;
 }
@@ -80,5 +81,5 @@ async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_lar
         .collect();
     assert_eq!(payloads, vec![String::from_utf8(quotes).expect("utf-8"), "after".to_string()]);
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_rejected_total", &[("reason", "too_large")]), 1.0);
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]), 1.0);
 }

@@ -4,6 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::support::*;
+use sluice::telemetry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
@@ -67,16 +68,16 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
     let metrics = eventually("all records accounted for", || async {
         let metrics = scrape(config.agent_admin()).await;
         // Gauges are published every second; counters at once.
-        let done = metrics.count("sluice_ingest_records_total", &[]) == 20_000.0
-            && metrics.count("sluice_buffer_records", &[]) > 0.0;
+        let done = metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0
+            && metrics.count(telemetry::BUFFER_RECORDS, &[]) > 0.0;
         done.then_some(metrics)
     })
     .await;
-    let dropped = metrics.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]);
-    let held = metrics.count("sluice_buffer_records", &[]);
+    let dropped = metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]);
+    let held = metrics.count(telemetry::BUFFER_RECORDS, &[]);
     assert!(dropped > 10_000.0, "dropped {dropped}");
     assert!(held > 0.0 && held * 100.0 <= 65536.0, "held {held} records in a 64 KiB buffer");
-    assert!(metrics.count("sluice_buffer_bytes", &[]) <= 65536.0);
+    assert!(metrics.count(telemetry::BUFFER_BYTES, &[]) <= 65536.0);
 
     // Shutdown gives up what it could not deliver, says so, and still exits.
     agent.signal("TERM");
@@ -99,34 +100,34 @@ async fn both_processes_expose_the_documented_metrics() {
 
     let agent = scrape(config.agent_admin()).await;
     for name in [
-        "sluice_ingest_records_total",
-        "sluice_ingest_bytes_total",
-        "sluice_ingest_records_rejected_total",
-        "sluice_ship_records_delivered_total",
-        "sluice_buffer_records",
-        "sluice_buffer_bytes",
-        "sluice_buffer_capacity_bytes",
-        "sluice_buffer_capacity_records",
-        "sluice_kafka_reachable",
-        "sluice_build_info",
+        telemetry::INGEST_RECORDS,
+        telemetry::INGEST_BYTES,
+        telemetry::INGEST_REJECTED,
+        telemetry::SHIP_DELIVERED,
+        telemetry::BUFFER_RECORDS,
+        telemetry::BUFFER_BYTES,
+        telemetry::BUFFER_CAPACITY_BYTES,
+        telemetry::BUFFER_CAPACITY_RECORDS,
+        telemetry::KAFKA_REACHABLE,
+        telemetry::BUILD_INFO,
     ] {
         assert!(agent.has(name), "agent lacks {name}:\n{}", agent.0);
     }
-    assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 2.0);
-    assert_eq!(agent.value("sluice_ship_delivery_errors_total", &[("reason", "message_timed_out")]), Some(0.0));
-    assert_eq!(agent.value("sluice_ingest_records_rejected_total", &[("reason", "invalid_utf8")]), Some(1.0));
+    assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 2.0);
+    assert_eq!(agent.value(telemetry::SHIP_DELIVERY_ERRORS, &[("reason", "message_timed_out")]), Some(0.0));
+    assert_eq!(agent.value(telemetry::INGEST_REJECTED, &[("reason", "invalid_utf8")]), Some(1.0));
 
     let persister = scrape(config.persist_admin()).await;
     for name in [
-        "sluice_persist_rows_written_total",
-        "sluice_persist_batches_total",
+        telemetry::PERSIST_ROWS,
+        telemetry::PERSIST_BATCHES,
         "sluice_persist_batch_duration_seconds_bucket",
-        "sluice_persist_records_consumed_total",
-        "sluice_persist_assigned_partitions",
+        telemetry::PERSIST_CONSUMED,
+        telemetry::PERSIST_ASSIGNED_PARTITIONS,
     ] {
         assert!(persister.has(name), "persister lacks {name}:\n{}", persister.0);
     }
-    assert_eq!(persister.value("sluice_persist_commit_errors_total", &[]), Some(0.0));
+    assert_eq!(persister.value(telemetry::PERSIST_COMMIT_ERRORS, &[]), Some(0.0));
 
     let (status, _) = http_get(config.agent_admin(), "/healthz").await.expect("healthz");
     assert_eq!(status, 200);

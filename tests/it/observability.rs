@@ -6,6 +6,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use crate::support::*;
+use sluice::telemetry;
 
 /// Every `sluice_*` name in `text`.
 fn metric_names(text: &str) -> BTreeSet<String> {
@@ -53,7 +54,7 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     let (agent, persister) = eventually("statistics in both scrapes", || async {
         let agent = scrape(config.agent_admin()).await;
         let persister = scrape(config.persist_admin()).await;
-        (agent.has("sluice_kafka_broker_rtt_seconds") && persister.has("sluice_persist_lag_records"))
+        (agent.has(telemetry::librdkafka::BROKER_RTT) && persister.has(telemetry::PERSIST_LAG_RECORDS))
             .then_some((agent, persister))
     })
     .await;
@@ -98,11 +99,11 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     assert!(stale.is_empty(), "docs/METRICS.md names metrics no scrape exposes: {stale:?}");
 
     // Plausible values, not just names.
-    assert_eq!(agent.count("sluice_ingest_records_total", &[]), 501.0);
-    assert_eq!(agent.count("sluice_ship_records_delivered_total", &[]), 501.0);
+    assert_eq!(agent.count(telemetry::INGEST_RECORDS, &[]), 501.0);
+    assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 501.0);
     assert_eq!(agent.count("sluice_ship_delivery_latency_seconds_count", &[]), 501.0);
-    assert!(agent.count("sluice_spool_capacity_bytes", &[]) > 0.0);
-    assert_eq!(persister.count("sluice_persist_dead_letters_total", &[("reason", "contains_nul")]), 1.0);
+    assert!(agent.count(telemetry::SPOOL_CAPACITY_BYTES, &[]) > 0.0);
+    assert_eq!(persister.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "contains_nul")]), 1.0);
     let build = agent.0.lines().find(|line| line.starts_with("sluice_build_info{")).expect("build info");
     assert!(build.contains("role=\"agent\"") && build.contains("git_sha=\""), "{build}");
 }

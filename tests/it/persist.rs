@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{Days, Utc};
 
 use crate::support::*;
+use sluice::telemetry;
 
 /// A persister on a fresh one-partition topic (started, ready) and a client on its schema.
 async fn persister(configure: impl FnOnce(&mut TestConfig)) -> (TestConfig, Process, tokio_postgres::Client) {
@@ -69,7 +70,7 @@ async fn a_poison_envelope_whose_error_echoes_a_nul_becomes_a_dead_letter_and_th
     wait_until_caught_up(&config, 3).await;
     assert_eq!(stored_ids(&db).await, vec!["a-1", "a-3"]);
     let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_write_errors_total", &[]), 0.0, "nothing was retried");
+    assert_eq!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]), 0.0, "nothing was retried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +91,7 @@ async fn a_dead_letter_postgres_refuses_is_counted_as_lost_and_the_partition_mov
     assert_eq!(stored_ids(&db).await, vec!["b-1", "b-3"]);
     assert!(dead_letters(&db).await.is_empty());
     let metrics = scrape(config.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_records_lost_total", &[("reason", "dead_letter_rejected")]), 1.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_LOST, &[("reason", "dead_letter_rejected")]), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +160,7 @@ async fn a_record_older_than_retention_is_a_dead_letter_named_expired_not_a_row_
     let letters = dead_letters(&db).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!((letters[0].0, letters[0].1.as_str()), (1, "expired"));
-    wait_for_count(config.persist_admin(), "sluice_persist_dead_letters_total", &[("reason", "expired")], 1.0).await;
+    wait_for_count(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &[("reason", "expired")], 1.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,13 +188,8 @@ async fn a_batch_with_several_rows_postgres_rejects_is_split_until_each_is_isola
     assert_eq!(stored_ids(&db).await.len(), 996);
     let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
     assert_eq!(offsets, vec![17, 500, 501, 998]);
-    wait_for_count(
-        config.persist_admin(),
-        "sluice_persist_dead_letters_total",
-        &[("reason", "rejected_by_postgres")],
-        4.0,
-    )
-    .await;
+    wait_for_count(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &[("reason", "rejected_by_postgres")], 4.0)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,10 +209,10 @@ async fn a_redelivered_dead_letter_already_stored_is_not_counted_again() {
 
     assert_eq!(dead_letters(&db).await.len(), 1);
     let metrics = scrape(again.persist_admin()).await;
-    assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 1.0);
-    assert_eq!(metrics.count("sluice_persist_rows_written_total", &[]), 0.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_DUPLICATES, &[]), 1.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_ROWS, &[]), 0.0);
     assert_eq!(
-        metrics.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]),
+        metrics.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "malformed_envelope")]),
         0.0,
         "the dead letter was already stored"
     );
@@ -263,14 +259,14 @@ async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() 
     assert_eq!(offsets, vec![17, 190]);
     let metrics = wait_for_count(
         config.persist_admin(),
-        "sluice_persist_dead_letters_total",
+        telemetry::PERSIST_DEAD_LETTERS,
         &[("reason", "rejected_by_postgres")],
         2.0,
     )
     .await;
-    assert!(metrics.count("sluice_persist_write_errors_total", &[]) >= 1.0, "the transient error was retried");
-    assert_eq!(metrics.count("sluice_persist_rows_written_total", &[]), 198.0);
-    assert_eq!(metrics.count("sluice_persist_rows_duplicate_total", &[]), 0.0);
+    assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) >= 1.0, "the transient error was retried");
+    assert_eq!(metrics.count(telemetry::PERSIST_ROWS, &[]), 198.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_DUPLICATES, &[]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,7 +285,7 @@ async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
     let mut persister = start_persister(&config).await;
     produce(&broker.bootstrap, &topic, &[envelope("i-1", &now_rfc3339(), "{}")]).await;
     eventually("the message consumed", || async {
-        (scrape(config.persist_admin()).await.count("sluice_persist_records_consumed_total", &[]) >= 1.0).then_some(())
+        (scrape(config.persist_admin()).await.count(telemetry::PERSIST_CONSUMED, &[]) >= 1.0).then_some(())
     })
     .await;
     broker.freeze();

@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::support::*;
+use sluice::telemetry;
 
 const CONNECTIONS: usize = 8;
 const PER_CONNECTION: usize = 12_500;
@@ -84,7 +85,7 @@ async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_ki
     assert_eq!(text, (CONNECTIONS * PER_CONNECTION.div_ceil(3)) as i64);
 
     let metrics = scrape(config.persist_admin()).await;
-    assert!(metrics.count("sluice_persist_rows_written_total", &[]) > 0.0);
+    assert!(metrics.count(telemetry::PERSIST_ROWS, &[]) > 0.0);
     drop(restarted);
 }
 
@@ -154,8 +155,7 @@ async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted()
     // Counted once the transaction that stored it committed: a moment after the row is visible.
     let admin = config.persist_admin();
     eventually("the dead letter counted", || async {
-        let counted =
-            scrape(admin).await.count("sluice_persist_dead_letters_total", &[("reason", "malformed_envelope")]);
+        let counted = scrape(admin).await.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "malformed_envelope")]);
         (counted == 1.0).then_some(())
     })
     .await;
@@ -224,7 +224,7 @@ async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart(
     send_lines(&config.socket(), &[big.clone(), b"small after".to_vec()]).await;
     let admin = config.agent_admin();
     eventually("both spooled", || async {
-        (scrape(admin).await.count("sluice_spool_records", &[]) == 2.0).then_some(())
+        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 2.0).then_some(())
     })
     .await;
     agent.signal("TERM");
@@ -248,7 +248,7 @@ async fn a_record_of_the_default_maximum_size_is_delivered() {
     send_lines(&pipeline.config.socket(), std::slice::from_ref(&big)).await;
     wait_for_rows(&pipeline.db, 1, WAIT).await;
     let metrics = scrape(pipeline.config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ship_records_failed_total", &[]), 0.0);
+    assert_eq!(metrics.count(telemetry::SHIP_FAILED, &[]), 0.0);
     let row = pipeline.db.query_one("SELECT length(payload) FROM logs", &[]).await.expect("row");
     assert_eq!(row.get::<_, i32>(0) as usize, big.len());
 }

@@ -8,6 +8,7 @@ use rmpv::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
+use sluice::telemetry;
 
 async fn strings(db: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     db.query(sql, &[])
@@ -55,7 +56,7 @@ async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
 
     let metrics = scrape(config.agent_admin()).await;
     let records = |listener, protocol| {
-        metrics.count("sluice_ingest_records_total", &[("listener", listener), ("protocol", protocol)])
+        metrics.count(telemetry::INGEST_RECORDS, &[("listener", listener), ("protocol", protocol)])
     };
     assert_eq!(records("default", "lines"), 1.0);
     assert_eq!(records("octets", "octet_counted"), 2.0);
@@ -110,8 +111,8 @@ async fn logger_and_python_syslog_handler_are_parsed_into_fields() {
     assert_eq!(timed, ["4"], "logger's timestamps become event_time (Python's handler sends none)");
 
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[("listener", "syslog")]), 3.0);
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[("listener", "syslog_stream")]), 2.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "syslog")]), 3.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "syslog_stream")]), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,7 +144,7 @@ async fn python_fluent_logger_delivers_and_hears_every_chunk_acknowledged() {
         assert!(row.get::<_, bool>(4), "the event time is kept");
     }
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count("sluice_ingest_records_total", &[("protocol", "forward")]), 50.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("protocol", "forward")]), 50.0);
 }
 
 fn pack(value: &Value) -> Vec<u8> {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::support::*;
+use sluice::telemetry;
 
 /// An agent whose Kafka never answers, with a 64 KiB buffer: every record beyond a few hundred
 /// is dropped, with the policy's name — an observable the reload changes.
@@ -52,33 +53,27 @@ async fn sighup_applies_a_new_policy_rejects_an_invalid_file_and_keeps_restart_o
     let agent = config.spawn_agent_at(&path).await;
 
     send_numbered(&config, 0, 2000).await;
-    wait_for_count(&config, "sluice_buffer_records_dropped_total", &[("reason", "drop_newest")], 1000.0).await;
+    wait_for_count(&config, telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")], 1000.0).await;
 
     // A live key and a restart-only key change together.
     config.set("buffer", "when_full", "drop_oldest").listener("default", "socket_mode", "0600");
     config.write_to(&path);
     agent.signal("HUP");
-    wait_for_count(&config, "sluice_config_reloads_total", &[("result", "applied")], 1.0).await;
+    wait_for_count(&config, telemetry::CONFIG_RELOADS, &[("result", "applied")], 1.0).await;
     let shown = running_config(&config).await;
     assert!(shown.contains("when_full = \"drop_oldest\""), "{shown}");
     assert!(shown.contains("socket_mode = \"0660\""), "restart-only keys keep their running value:\n{shown}");
     assert!(agent.log_text().contains("ingest.listeners.default.socket_mode"), "the log names what needs a restart");
 
-    let before =
-        scrape(config.agent_admin()).await.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]);
+    let before = scrape(config.agent_admin()).await.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]);
     send_numbered(&config, 2000, 2000).await;
-    let after =
-        wait_for_count(&config, "sluice_buffer_records_dropped_total", &[("reason", "drop_oldest")], 1000.0).await;
-    assert_eq!(
-        after.count("sluice_buffer_records_dropped_total", &[("reason", "drop_newest")]),
-        before,
-        "the new policy rules"
-    );
+    let after = wait_for_count(&config, telemetry::BUFFER_DROPPED, &[("reason", "drop_oldest")], 1000.0).await;
+    assert_eq!(after.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]), before, "the new policy rules");
 
     // An invalid file is rejected; the running config stays.
     std::fs::write(&path, "[buffer]\nwhen_full = \"sometimes\"\n").expect("write");
     agent.signal("HUP");
-    wait_for_count(&config, "sluice_config_reloads_total", &[("result", "rejected")], 1.0).await;
+    wait_for_count(&config, telemetry::CONFIG_RELOADS, &[("result", "rejected")], 1.0).await;
     assert!(running_config(&config).await.contains("when_full = \"drop_oldest\""));
     let hash = after.0.lines().find(|l| l.starts_with("sluice_config_info{") && l.ends_with(" 1")).map(str::to_owned);
     let now = scrape(config.agent_admin()).await;
@@ -107,7 +102,7 @@ async fn a_configmap_style_symlink_swap_is_applied_without_a_signal() {
     std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).expect("symlink");
     std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("atomic swap");
 
-    wait_for_count(&config, "sluice_config_reloads_total", &[("result", "applied")], 1.0).await;
+    wait_for_count(&config, telemetry::CONFIG_RELOADS, &[("result", "applied")], 1.0).await;
     assert!(running_config(&config).await.contains("when_full = \"drop_oldest\""));
 }
 
@@ -130,7 +125,7 @@ async fn reloading_producer_settings_under_load_loses_and_duplicates_nothing() {
         config.set("ship", "linger", linger).set("ship", "compression", if round % 2 == 0 { "lz4" } else { "zstd" });
         config.write_to(&path);
         agent.signal("HUP");
-        wait_for_count(&config, "sluice_config_reloads_total", &[("result", "applied")], (round + 1) as f64).await;
+        wait_for_count(&config, telemetry::CONFIG_RELOADS, &[("result", "applied")], (round + 1) as f64).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = load.stop().await;

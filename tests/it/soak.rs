@@ -36,6 +36,7 @@ use writers::{AckedOutcome, AckedWriter, PlainOutcome, PlainWriter, Try};
 use crate::support::{
     Metrics, PrivateBroker, PrivatePostgres, Process, Proxy, Services, TestConfig, create_topic, http_get, unique,
 };
+use sluice::telemetry;
 
 /// Once the last fault is healed and the writers stopped, everything must have drained within
 /// this: buffers and spools empty, every partition committed to its end.
@@ -156,7 +157,7 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// Records an agent counted as lost in one run's counters.
 fn counted_lost(metrics: &Metrics) -> u64 {
-    ["sluice_ingest_records_rejected_total", "sluice_buffer_records_dropped_total", "sluice_ship_records_failed_total"]
+    [telemetry::INGEST_REJECTED, telemetry::BUFFER_DROPPED, telemetry::SHIP_FAILED]
         .iter()
         .map(|name| metrics.count(name, &[]) as u64)
         .sum()
@@ -726,7 +727,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
                 _ => return Err("no scrape".to_string()),
             };
             let (held, spooled) =
-                (metrics.count("sluice_buffer_records", &[]), metrics.count("sluice_spool_records", &[]));
+                (metrics.count(telemetry::BUFFER_RECORDS, &[]), metrics.count(telemetry::SPOOL_RECORDS, &[]));
             if held == 0.0 && spooled == 0.0 { Ok(()) } else { Err(format!("{held} held, {spooled} in the spool")) }
         })
         .await;
@@ -785,9 +786,9 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         let slot = slot.lock().await;
         let runs: Vec<Metrics> = slot.finals.iter().chain(&slot.unknown).map(|m| Metrics(m.0.clone())).collect();
         let counted: u64 = runs.iter().map(counted_lost).sum();
-        let dropped = by_reason(&runs, "sluice_buffer_records_dropped_total");
-        let rejected = by_reason(&runs, "sluice_ingest_records_rejected_total");
-        let failed = by_reason(&runs, "sluice_ship_records_failed_total");
+        let dropped = by_reason(&runs, telemetry::BUFFER_DROPPED);
+        let rejected = by_reason(&runs, telemetry::INGEST_REJECTED);
+        let failed = by_reason(&runs, telemetry::SHIP_FAILED);
         if let Some(&(missing, uncertain)) = by_agent.get(&index) {
             let agrees = missing <= counted && counted <= missing + uncertain;
             if missing > counted + uncertain {
@@ -833,9 +834,9 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         persister_runs.extend(slot.finals.iter().chain(&slot.unknown).map(|m| Metrics(m.0.clone())));
     }
     let sum = |name: &str| -> f64 { persister_runs.iter().map(|m| m.count(name, &[])).sum() };
-    let persister_lost = sum("sluice_persist_records_lost_total");
-    let dead_letters = sum("sluice_persist_dead_letters_total");
-    let rebalances = sum("sluice_persist_rebalances_total");
+    let persister_lost = sum(telemetry::PERSIST_LOST);
+    let dead_letters = sum(telemetry::PERSIST_DEAD_LETTERS);
+    let rebalances = sum(telemetry::PERSIST_REBALANCES);
     let stored_letters = dead_letter_rows(&url).await;
     if persister_lost > 0.0 || dead_letters > 0.0 || stored_letters > 0 {
         table.failures.push(format!(
