@@ -29,20 +29,25 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 
 use crate::config::{BufferConfig, WhenFull};
 use crate::telemetry;
 use crate::telemetry::outcome::{Dropped, Refused};
 
 pub mod ack;
+mod admission;
+mod lease;
+
 pub mod spool;
+
 pub mod spooler;
 
 use ack::{Ack, AckPoint};
+pub use admission::{Admission, BufferFull, Policy};
+pub use lease::Lease;
 use spool::{Spool, SpoolPos};
 
 #[cfg(test)]
@@ -50,6 +55,7 @@ mod tests;
 
 /// Most bytes one backlog read takes (with a large budget: a sixteenth of the leases, this at most).
 const BACKLOG_CHUNK: usize = 4 * 1024 * 1024;
+
 /// Most records one backlog read takes.
 const BACKLOG_RECORDS: usize = 512;
 
@@ -102,60 +108,6 @@ impl Record {
             ack.durable();
         }
     }
-}
-
-/// A record's share of the memory budget. Dropping it frees the room for new records, so it must
-/// be dropped exactly when the record is no longer held in memory: acknowledged by Kafka, given
-/// up and counted, or (disk type) evicted to the spool.
-#[derive(Debug)]
-pub struct Lease {
-    bytes: OwnedSemaphorePermit,
-    records: OwnedSemaphorePermit,
-}
-
-impl Lease {
-    /// The bytes this lease holds.
-    pub fn bytes(&self) -> usize {
-        self.bytes.num_permits()
-    }
-
-    /// The records this lease holds.
-    pub fn records(&self) -> usize {
-        self.records.num_permits()
-    }
-
-    /// Takes `cost` bytes and one record out of this (larger) lease.
-    fn split(&mut self, cost: usize) -> Option<Lease> {
-        let bytes = self.bytes.split(cost)?;
-        match self.records.split(1) {
-            Some(records) => Some(Lease { bytes, records }),
-            None => {
-                self.bytes.merge(bytes);
-                None
-            }
-        }
-    }
-}
-
-/// The buffer was full and its policy let the record go (counted, and its ack refused, already).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("buffer full; record dropped ({})", .0.as_str())]
-pub struct BufferFull(pub Dropped);
-
-/// Per-connection admission state for `block_timeout`: once a writer has been held for the
-/// whole timeout, its records are dropped at once until the buffer has room again.
-#[derive(Debug, Default)]
-pub struct Admission {
-    shedding: bool,
-}
-
-/// What a full buffer does; see [`WhenFull`] and `buffer.block_timeout`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
-    /// The policy.
-    pub when_full: WhenFull,
-    /// How long `block` may hold a writer; `None` = as long as it takes.
-    pub block_timeout: Option<Duration>,
 }
 
 /// Cheap to clone; all clones share one buffer.
@@ -365,139 +317,6 @@ impl Buffer {
         (payload_len + key_len + RECORD_OVERHEAD).clamp(1, self.shared.max_bytes)
     }
 
-    /// Accepts a record, applying `when_full` if there is no room. Under `block` this waits for
-    /// room (the caller's socket is not read meanwhile: backpressure) for at most
-    /// `block_timeout`; under `drop_*` it never waits. A refused record's ack is settled here.
-    pub async fn push(
-        &self,
-        payload: Bytes,
-        key: Option<Bytes>,
-        ingest_ms: u64,
-        mut ack: Option<Ack>,
-        admission: &mut Admission,
-    ) -> Result<(), BufferFull> {
-        let cost = self.cost(payload.len(), key.as_ref().map_or(0, Bytes::len));
-        let lease = match self.admit(cost, admission).await {
-            Ok(lease) => lease,
-            Err(reason) => {
-                reason.count(1);
-                if let Some(ack) = ack.take() {
-                    ack.refused(reason);
-                }
-                return Err(BufferFull(reason));
-            }
-        };
-        let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack };
-        if self.shared.spool.is_none() {
-            self.shared.ages.held(ingest_ms);
-        }
-        if self.shared.spool.is_some() {
-            self.lock().intake.push_back(record);
-            self.shared.intake_ready.notify_one();
-        } else {
-            self.lock().fresh.push_back(record);
-            self.shared.ready.notify_one();
-        }
-        Ok(())
-    }
-
-    async fn admit(&self, cost: usize, admission: &mut Admission) -> Result<Lease, Dropped> {
-        if let Some(lease) = self.try_lease(cost) {
-            admission.shedding = false;
-            return Ok(lease);
-        }
-        // Make room where the policy allows it without losing anything (disk: records already
-        // spooled leave memory) or by dropping the oldest (drop_oldest).
-        if self.evict(cost) > 0
-            && let Some(lease) = self.try_lease(cost)
-        {
-            admission.shedding = false;
-            return Ok(lease);
-        }
-        let Policy { when_full, block_timeout } = self.policy();
-        match when_full {
-            WhenFull::DropNewest => Err(Dropped::DropNewest),
-            WhenFull::DropOldest => Err(Dropped::DropOldest),
-            WhenFull::Block if admission.shedding => Err(Dropped::BlockTimeout),
-            WhenFull::Block => {
-                let wait = self.lease(cost);
-                let lease = match block_timeout {
-                    None => Some(wait.await),
-                    Some(limit) => tokio::time::timeout(limit, wait).await.ok(),
-                };
-                match lease {
-                    Some(lease) => Ok(lease),
-                    None => {
-                        admission.shedding = true;
-                        Err(Dropped::BlockTimeout)
-                    }
-                }
-            }
-        }
-    }
-
-    fn try_lease(&self, cost: usize) -> Option<Lease> {
-        let records = self.shared.records.clone().try_acquire_owned().ok()?;
-        let bytes = self.shared.bytes.clone().try_acquire_many_owned(cost as u32).ok()?;
-        Some(Lease { bytes, records })
-    }
-
-    /// Waits for room. The semaphores are fair (first come, first served), so one flooding
-    /// connection cannot starve a quiet one: each waits its turn for the next free room.
-    async fn lease(&self, cost: usize) -> Lease {
-        // The semaphores are never closed, so acquire cannot fail.
-        let records = self.shared.records.clone().acquire_owned().await.expect("buffer semaphore is never closed");
-        let bytes =
-            self.shared.bytes.clone().acquire_many_owned(cost as u32).await.expect("buffer semaphore is never closed");
-        Lease { bytes, records }
-    }
-
-    /// Frees at least `cost` bytes of memory if the policy allows, oldest fresh records first:
-    /// for the disk type they stay on disk (nothing lost); for `drop_oldest` they are dropped and
-    /// counted. Returns how many records left memory.
-    fn evict(&self, cost: usize) -> usize {
-        let disk = self.shared.spool.is_some();
-        if !disk && self.policy().when_full != WhenFull::DropOldest {
-            return 0;
-        }
-        let mut evicted = Vec::new();
-        {
-            let mut queues = self.lock();
-            let needed = cost.saturating_sub(self.shared.bytes.available_permits()).max(1);
-            let mut freed = 0;
-            while freed < needed || self.shared.records.available_permits() + evicted.len() == 0 {
-                let Some(record) = queues.fresh.pop_front() else { break };
-                freed += record.lease.bytes.num_permits();
-                evicted.push(record);
-            }
-        }
-        if evicted.is_empty() {
-            return 0;
-        }
-        let count = evicted.len();
-        match &self.shared.spool {
-            Some(spool) => {
-                // Spooled records: memory is freed, the record stays owed on disk (unless
-                // drop_oldest deleted its segment meanwhile: then it is lost, and counted).
-                let lost =
-                    spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
-                if lost > 0 {
-                    Dropped::DropOldest.count(lost);
-                }
-                self.shared.ready.notify_one();
-            }
-            None => {
-                Dropped::DropOldest.count(count as u64);
-                for mut record in evicted {
-                    self.shared.ages.released(record.ingest_ms);
-                    record.refuse(Dropped::DropOldest);
-                }
-                self.notify_settled();
-            }
-        }
-        count
-    }
-
     /// The spool writer's side: waits for accepted records and moves up to `max` into `out`.
     pub async fn pop_intake(&self, max: usize, out: &mut Vec<Record>) {
         loop {
@@ -586,52 +405,6 @@ impl Buffer {
             self.shipping(record.lease.bytes.num_permits());
             out.push(record);
         }
-    }
-
-    /// With a spool, true while records in flight or waiting for a retry use half the budget.
-    fn shipping_full(&self) -> bool {
-        self.shared.spool.is_some() && self.shared.shipping.load(Ordering::Relaxed) >= self.shared.max_bytes / 2
-    }
-
-    /// A record (of `bytes` lease bytes) goes to the shipper.
-    pub fn shipping(&self, bytes: usize) {
-        self.shared.shipping.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// A record handed to the shipper is settled (delivered or given up): its share returns.
-    pub fn settled(&self, bytes: usize, ingest_ms: u64) {
-        if self.shared.spool.is_none() {
-            self.shared.ages.released(ingest_ms);
-        }
-        self.shared.shipping.fetch_sub(bytes, Ordering::Relaxed);
-        if self.shared.spool.is_some() {
-            self.shared.ready.notify_one();
-        }
-    }
-
-    /// Memory for reading backlog, if there is room now: a chunk of the shared budget, or else
-    /// the reserve readers never get (see `Shared::backlog_bytes`; it comes back as soon as the
-    /// records it lent are delivered). The lease says how much may be read ([`Lease::bytes`],
-    /// [`Lease::records`]). The shipper never waits for memory: the records holding it may be the
-    /// ones only it can send.
-    pub fn try_backlog_lease(&self) -> Option<Lease> {
-        let take = |byte_pool: &Arc<Semaphore>, record_pool: &Arc<Semaphore>, (bytes, records): (usize, usize)| {
-            if bytes == 0 || records == 0 {
-                return None;
-            }
-            let records = record_pool.clone().try_acquire_many_owned(records as u32).ok()?;
-            let bytes = byte_pool.clone().try_acquire_many_owned(bytes as u32).ok()?;
-            Some(Lease { bytes, records })
-        };
-        take(&self.shared.bytes, &self.shared.records, self.shared.backlog_chunk)
-            .or_else(|| take(&self.shared.backlog_bytes, &self.shared.backlog_records, self.shared.backlog_reserve))
-    }
-
-    /// Cuts one record's lease out of a backlog lease; `None` when the chunk is used up.
-    pub fn split_lease(&self, chunk: &mut Lease, cost: usize) -> Option<Lease> {
-        let lease = chunk.split(cost)?;
-        self.shipping(lease.bytes.num_permits());
-        Some(lease)
     }
 
     /// Puts a record back (a retryable delivery failure), keeping its lease: the record never
