@@ -7,24 +7,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sluice::config::{Config, Role};
-use sluice::shutdown::Shutdown;
-use sluice::{agent, client, persist, telemetry};
+use sluice::client;
+use sluice::config::Role;
 
 /// Exit code for bad usage or configuration (EX_USAGE).
 const EXIT_USAGE: u8 = 64;
-/// Exit code when a second signal cut the drain short (128 + SIGINT).
-const EXIT_FORCED: u8 = 130;
-/// How long `agent` and `persist` wait, once their role has returned, for blocking tasks still
-/// running: only calls the role stopped waiting for are left (the persister's final commit and
-/// consumer close are bounded by `persist::CLOSE_TIMEOUT`), so a short wait lets them finish when
-/// they can and never holds the exit.
-const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
+mod cli;
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Per-pod sidecar log shipper: socket -> Kafka -> PostgreSQL")]
 struct Cli {
@@ -122,111 +114,15 @@ enum Command {
     },
     /// Benchmark parts driven by scripts/bench; each prints one JSON object.
     #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-/// What `sluice bench` runs.
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Write records to a socket, one blocking write per record, timing every write call.
-    Load {
-        /// The socket.
-        #[arg(long)]
-        socket: PathBuf,
-        #[command(flatten)]
-        load: LoadArgs,
-    },
-    /// The ingest ceiling: the same writers into a reader that discards.
-    SocketCeiling {
-        /// Directory for the socket.
-        #[arg(long)]
-        dir: PathBuf,
-        #[command(flatten)]
-        load: LoadArgs,
-    },
-    /// The shipping ceiling: a raw librdkafka producer with the agent's settings.
-    ProducerCeiling {
-        /// Agent config whose [kafka] and [ship] settings the producer uses.
-        #[arg(short, long)]
-        config: PathBuf,
-        /// Topic to send to.
-        #[arg(long)]
-        topic: String,
-        /// Records in total.
-        #[arg(long)]
-        records: u64,
-        /// Record size in bytes (the envelope around it is the agent's).
-        #[arg(long, default_value_t = 256, conflicts_with = "sample")]
-        size: usize,
-        /// Draw records from this JSON-lines sample instead.
-        #[arg(long)]
-        sample: Option<PathBuf>,
-    },
-    /// Creates a topic (by a metadata request, as auto-creation does) and waits for its leaders.
-    EnsureTopic {
-        /// Bootstrap servers.
-        #[arg(long)]
-        brokers: String,
-        /// The topic.
-        #[arg(long)]
-        topic: String,
-    },
-    /// Reads a topic to its end: messages and distinct record ids.
-    TopicRecords {
-        /// Bootstrap servers.
-        #[arg(long)]
-        brokers: String,
-        /// The topic.
-        #[arg(long)]
-        topic: String,
-    },
-    /// Messages in a topic (sum of high minus low watermarks).
-    TopicCount {
-        /// Bootstrap servers.
-        #[arg(long)]
-        brokers: String,
-        /// The topic.
-        #[arg(long)]
-        topic: String,
-    },
-}
-
-#[derive(clap::Args)]
-struct LoadArgs {
-    /// Records in total.
-    #[arg(long)]
-    records: u64,
-    /// Concurrent connections (one thread each).
-    #[arg(long, default_value_t = 1)]
-    connections: u32,
-    /// Records per second over all connections; 0: as fast as possible.
-    #[arg(long, default_value_t = 0)]
-    rate: u64,
-    /// Record size in bytes, newline included.
-    #[arg(long, default_value_t = 256, conflicts_with = "sample")]
-    size: usize,
-    /// Draw records from this JSON-lines sample instead (e.g. bench/sample.jsonl).
-    #[arg(long)]
-    sample: Option<PathBuf>,
-}
-
-impl LoadArgs {
-    fn options(&self) -> Result<sluice::bench::LoadOptions, sluice::bench::BenchError> {
-        Ok(sluice::bench::LoadOptions {
-            records: self.records,
-            connections: self.connections,
-            rate: self.rate,
-            shape: shape(self.size, self.sample.as_deref())?,
-        })
-    }
+    Bench(cli::bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { file } => check_config(&file),
-        Command::Agent { config } => serve(&config, Role::Agent),
-        Command::Persist { config } => serve(&config, Role::Persist),
+        Command::CheckConfig { file } => cli::serve::check_config(&file),
+        Command::Agent { config } => cli::serve::serve(&config, Role::Agent),
+        Command::Persist { config } => cli::serve::serve(&config, Role::Persist),
         Command::Status { admin, interval } => report(runtime().and_then(|rt| {
             rt.block_on(async {
                 print!("{}", sluice::status::status(admin, interval).await?);
@@ -267,125 +163,12 @@ fn main() -> ExitCode {
                     .with_context(|| format!("sending to {}", socket.display()))
             })
         })),
-        Command::Bench(command) => report(bench(command)),
+        Command::Bench(command) => report(cli::bench::run(command)),
         Command::Loadgen { socket, records, connections, rate, text_every, size } => {
             let spec = client::LoadSpec { socket, records, connections, rate, text_every, size };
             report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
         }
     }
-}
-
-fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
-        Ok(config) => {
-            // A TOML comment, so the output stays a config file.
-            println!("# postgres TLS: {}", config.postgres.describe_tls());
-            print!("{}", config.to_redacted_toml());
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("sluice: config error: {error}");
-            ExitCode::from(EXIT_USAGE)
-        }
-    }
-}
-
-fn serve(file: &std::path::Path, role: Role) -> ExitCode {
-    let config = match Config::load(file) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("sluice: config error: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let log = telemetry::init_logging(&config.log);
-    let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log });
-    let runtime = match runtime() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("sluice: {error:#}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let outcome = runtime.block_on(async {
-        let metrics = telemetry::install_recorder(role.as_str())?;
-        let shutdown = Shutdown::install().context("cannot install signal handlers")?;
-        let scrape = metrics.clone();
-        let work = async {
-            match role {
-                Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
-                    .await
-                    .map(|_| ())
-                    .map_err(anyhow::Error::from),
-                Role::Persist => {
-                    persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
-                }
-            }
-        };
-        tokio::select! {
-            result = work => {
-                // The last word: what this process counted, also after the last scrape.
-                tracing::info!(
-                    target: telemetry::FINAL_COUNTS_TARGET,
-                    counters = telemetry::final_counts(&scrape.render()),
-                    "final counts"
-                );
-                result.map(|()| ExitCode::SUCCESS)
-            }
-            _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
-        }
-    });
-    // Dropping the runtime would wait for every blocking task, without end; one still running
-    // now is a call the role gave up on (a librdkafka commit or close to a broker that does not
-    // answer), whose result nobody reads.
-    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
-    match outcome {
-        Ok(code) => code,
-        Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "sluice stopped on an error");
-            eprintln!("sluice: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Padded records of `size` bytes, or the lines of `sample`.
-fn shape(size: usize, sample: Option<&std::path::Path>) -> Result<sluice::bench::Shape, sluice::bench::BenchError> {
-    match sample {
-        Some(path) => sluice::bench::Shape::sample(path),
-        None => Ok(sluice::bench::Shape::Padded(size)),
-    }
-}
-
-fn bench(command: BenchCommand) -> anyhow::Result<()> {
-    use sluice::bench;
-    let json = match command {
-        BenchCommand::Load { socket, load } => serde_json::to_string(&bench::load(&socket, &load.options()?)?)?,
-        BenchCommand::SocketCeiling { dir, load } => {
-            serde_json::to_string(&bench::socket_ceiling(&dir, &load.options()?)?)?
-        }
-        BenchCommand::ProducerCeiling { config, topic, records, size, sample } => {
-            let config = Config::load(&config)?;
-            serde_json::to_string(&bench::producer_ceiling(
-                &config,
-                &topic,
-                records,
-                &shape(size, sample.as_deref())?,
-            )?)?
-        }
-        BenchCommand::EnsureTopic { brokers, topic } => {
-            bench::ensure_topic(&brokers, &topic)?;
-            serde_json::json!({ "topic": topic }).to_string()
-        }
-        BenchCommand::TopicRecords { brokers, topic } => {
-            serde_json::to_string(&bench::topic_records(&brokers, &topic)?)?
-        }
-        BenchCommand::TopicCount { brokers, topic } => {
-            serde_json::json!({ "messages": bench::topic_count(&brokers, &topic)? }).to_string()
-        }
-    };
-    println!("{json}");
-    Ok(())
 }
 
 async fn loadgen_main(spec: client::LoadSpec) -> anyhow::Result<()> {

@@ -1,0 +1,4 @@
+//! The `sluice` binary's subcommands that are more than a line of `main`.
+
+pub mod bench;
+pub mod serve;

@@ -1,0 +1,99 @@
+//! `sluice agent`, `sluice persist` and `sluice check-config`: load the config, install logging
+//! and metrics, run the role until its shutdown, and log its final counts.
+//!
+//! Owns: the process around a role (runtime, signals, exit codes). Must not: decide anything
+//! the role decides.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sluice::config::{Config, Role};
+use sluice::shutdown::Shutdown;
+use sluice::{agent, persist, telemetry};
+
+use super::super::{EXIT_USAGE, runtime};
+
+/// Exit code when a second signal cut the drain short (128 + SIGINT).
+const EXIT_FORCED: u8 = 130;
+/// How long `agent` and `persist` wait, once their role has returned, for blocking tasks still
+/// running: only calls the role stopped waiting for are left (the persister's final commit and
+/// consumer close are bounded by `persist::CLOSE_TIMEOUT`), so a short wait lets them finish when
+/// they can and never holds the exit.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Validates a config file and prints the effective config, secrets redacted.
+pub fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            // A TOML comment, so the output stays a config file.
+            println!("# postgres TLS: {}", config.postgres.describe_tls());
+            print!("{}", config.to_redacted_toml());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("sluice: config error: {error}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// Runs `role` with the config in `file` until it has shut down.
+pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
+    let config = match Config::load(file) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("sluice: config error: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let log = telemetry::init_logging(&config.log);
+    let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log });
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let metrics = telemetry::install_recorder(role.as_str())?;
+        let shutdown = Shutdown::install().context("cannot install signal handlers")?;
+        let scrape = metrics.clone();
+        let work = async {
+            match role {
+                Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from),
+                Role::Persist => {
+                    persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
+                }
+            }
+        };
+        tokio::select! {
+            result = work => {
+                // The last word: what this process counted, also after the last scrape.
+                tracing::info!(
+                    target: telemetry::FINAL_COUNTS_TARGET,
+                    counters = telemetry::final_counts(&scrape.render()),
+                    "final counts"
+                );
+                result.map(|()| ExitCode::SUCCESS)
+            }
+            _ = shutdown.forced() => Ok(ExitCode::from(EXIT_FORCED)),
+        }
+    });
+    // Dropping the runtime would wait for every blocking task, without end; one still running
+    // now is a call the role gave up on (a librdkafka commit or close to a broker that does not
+    // answer), whose result nobody reads.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "sluice stopped on an error");
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
