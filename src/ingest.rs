@@ -37,6 +37,7 @@ pub mod forward;
 pub mod framing;
 pub mod limit;
 pub mod record;
+mod replies;
 pub mod sink;
 pub mod syslog;
 

@@ -2,11 +2,11 @@
 //! answer acknowledgements.
 //!
 //! Owns: the per-connection read loop, the peer allowlist check, the idle timeout, the
-//! accounting of bytes held in the read buffer, and the task that writes acknowledgements
-//! (`ACK`/`NAK` lines for acknowledged lines, `{"ack": chunk}` for Forward). Must not: wait on
-//! anything but the socket, the rate limit and the buffer (no Kafka, no disk), keep more than one
-//! record's worth of unread bytes, or end the connection because one record was bad (only a
-//! stream that cannot be framed any further is closed).
+//! accounting of bytes held in the read buffer, and numbering records for the acknowledgements
+//! `replies` writes (`ACK`/`NAK` lines for acknowledged lines, `{"ack": chunk}` for Forward).
+//! Must not: wait on anything but the socket, the rate limit and the buffer (no Kafka, no disk),
+//! keep more than one record's worth of unread bytes, or end the connection because one record
+//! was bad (only a stream that cannot be framed any further is closed).
 //!
 //! Acknowledged mode (`lines`, `octet_counted`): a connection whose first record is exactly
 //! [`ACK_HANDSHAKE`] gets an `OK <point>` line back and from then on `ACK <n>` lines (records
@@ -19,20 +19,18 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::{FutureExt, StreamExt};
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::task::JoinHandle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::forward::{self, ForwardFramer, PendingChunk};
+use super::forward::{self, ForwardFramer};
 use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use super::replies::{PendingChunk, Replies};
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
-use crate::buffer::ack::{AckEvent, AckTracker};
+use crate::buffer::ack::AckTracker;
 use crate::config::Protocol;
 use crate::envelope::{EnvelopeWriter, Peer};
 use crate::telemetry::outcome::{ConnectionRefused, Rejected};
@@ -65,7 +63,7 @@ pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 pub const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a record on an acknowledged connection got no number.
-enum Unnumbered {
+pub(super) enum Unnumbered {
     /// The drain deadline came: the record is given up, counted as `drain_timeout`.
     Abandoned,
     /// The acknowledgement writer ended (the peer stopped reading them, or went away): the
@@ -247,7 +245,7 @@ pub async fn serve(
 /// The next record's number on an acknowledged connection, once the connection (and the agent)
 /// may have another record unreported ([`crate::buffer::ack::AckBudget`]): a writer that does not
 /// read its acknowledgements is held here, until [`ACK_WRITE_TIMEOUT`] ends its writer task.
-async fn numbered(
+pub(super) async fn numbered(
     tracker: &Arc<AckTracker>,
     ingest: &IngestContext,
     writer_gone: &CancellationToken,
@@ -257,26 +255,6 @@ async fn numbered(
         _ = ingest.abandon.cancelled() => Err(Unnumbered::Abandoned),
         _ = writer_gone.cancelled() => Err(Unnumbered::WriterGone),
         _ = tracker.room() => Ok(tracker.issue()),
-    }
-}
-
-/// Writes `bytes` to the acknowledgement reader, unless it takes longer than
-/// [`ACK_WRITE_TIMEOUT`] or the drain deadline comes. False if the writer task should end.
-pub(super) async fn write_acks(writer: &mut OwnedWriteHalf, bytes: &[u8], abandon: &CancellationToken) -> bool {
-    tokio::select! {
-        biased;
-        _ = abandon.cancelled() => false,
-        written = tokio::time::timeout(ACK_WRITE_TIMEOUT, writer.write_all(bytes)) => match written {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => {
-                debug!(%error, "acknowledgement reader went away");
-                false
-            }
-            Err(_) => {
-                debug!(timeout = ?ACK_WRITE_TIMEOUT, "the writer does not read its acknowledgements; closing");
-                false
-            }
-        },
     }
 }
 
@@ -384,107 +362,6 @@ async fn forward_message(
             "a chunk's events are numbered up to its last"
         );
     }
-}
-
-/// What a connection writes back, started on demand.
-struct Replies {
-    write_half: Option<OwnedWriteHalf>,
-    tracker: Option<Arc<AckTracker>>,
-    task: Option<JoinHandle<()>>,
-    /// Forward: chunks waiting for acknowledgement, to the writer task.
-    chunks: Option<mpsc::Sender<PendingChunk>>,
-    /// Cancelled when the writer task ends: nothing more can be acknowledged.
-    writer_gone: CancellationToken,
-}
-
-impl Replies {
-    /// Acknowledged lines: every record from now on is numbered.
-    fn start_line_acks(&mut self, ingest: &IngestContext) {
-        let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
-        if let Some(writer) = self.write_half.take() {
-            let gone = self.writer_gone.clone().drop_guard();
-            let abandon = ingest.abandon.clone();
-            let tracker = tracker.clone();
-            self.task = Some(tokio::spawn(async move {
-                let _gone = gone;
-                write_line_acks(writer, tracker, abandon).await;
-            }));
-        }
-        self.tracker = Some(tracker);
-    }
-
-    /// In acknowledged-lines mode, a number for a record that is refused before it has a body
-    /// (none if the drain deadline came while waiting for room: the refusal is still counted).
-    async fn line_ack(&self, ingest: &IngestContext) -> Option<crate::buffer::ack::Ack> {
-        match (&self.tracker, &self.chunks) {
-            (Some(tracker), None) => numbered(tracker, ingest, &self.writer_gone).await.ok(),
-            _ => None,
-        }
-    }
-
-    /// Forward: the tracker and the writer task, started at the first chunk.
-    async fn chunk_acks(&mut self, ingest: &IngestContext) -> (Arc<AckTracker>, mpsc::Sender<PendingChunk>) {
-        if let (Some(tracker), Some(chunks)) = (&self.tracker, &self.chunks) {
-            return (tracker.clone(), chunks.clone());
-        }
-        let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
-        let (chunks, receiver) = mpsc::channel(forward::MAX_PENDING_CHUNKS);
-        if let Some(writer) = self.write_half.take() {
-            let gone = self.writer_gone.clone().drop_guard();
-            let write = forward::write_chunk_acks(writer, tracker.clone(), receiver, ingest.abandon.clone());
-            self.task = Some(tokio::spawn(async move {
-                let _gone = gone;
-                write.await;
-            }));
-        }
-        self.tracker = Some(tracker.clone());
-        self.chunks = Some(chunks.clone());
-        (tracker, chunks)
-    }
-
-    /// The reader is done: let the writer finish telling what it knows (or give up at the drain
-    /// deadline).
-    async fn finish(mut self) {
-        // The chunk queue closes first, so the Forward writer sees the end before the tracker
-        // reports everything settled.
-        self.chunks = None;
-        if let Some(tracker) = &self.tracker {
-            tracker.finish_reading();
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-/// Writes `OK`, then `NAK`/`ACK` lines as records settle, until all are reported after the
-/// reader finished, the peer goes away, or the drain deadline passes.
-async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
-    let hello = format!("OK {}\n", tracker.point().as_str());
-    if !write_acks(&mut writer, hello.as_bytes(), &abandon).await {
-        return;
-    }
-    let mut text = String::new();
-    loop {
-        let events = tokio::select! {
-            events = tracker.next_events() => events,
-            _ = abandon.cancelled() => break,
-        };
-        text.clear();
-        for event in events {
-            match event {
-                AckEvent::Refused { seq, reason } => text.push_str(&format!("NAK {seq} {}\n", reason.as_str())),
-                AckEvent::Upto(seq) => text.push_str(&format!("ACK {seq}\n")),
-            }
-        }
-        if !write_acks(&mut writer, text.as_bytes(), &abandon).await {
-            break;
-        }
-        if tracker.reading_done() && tracker.all_reported() {
-            break;
-        }
-    }
-    let _ = writer.shutdown().await;
 }
 
 /// The framer a stream listener's protocol uses.
@@ -667,6 +544,7 @@ pub fn read_units(max_record_size: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::replies::write_acks;
 
     /// Found by the cold review (issue 12): an acknowledgement write waited for ever on a writer
     /// that does not read them, holding its connection and its share of the acknowledgement

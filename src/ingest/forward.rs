@@ -3,29 +3,19 @@
 //!
 //! Owns: finding where one msgpack message ends in a byte stream without trusting declared
 //! lengths ([`ForwardFramer`]), turning a message into JSON records one event at a time
-//! ([`events`], in `decode`), and writing chunk acknowledgements when every record of a chunk
-//! has reached the connection's ack point ([`write_chunk_acks`]). Must not: allocate from a
-//! declared length (a 4 GiB `str32` header is skipped as bytes arrive, never reserved), or
-//! acknowledge a chunk with a refused record (the client resends it).
+//! ([`events`], in `decode`); the chunk acknowledgements are written beside the line
+//! acknowledgements (`replies`). Must not: allocate from a declared length (a 4 GiB `str32`
+//! header is skipped as bytes arrive, never reserved).
 //!
 //! The framer is hand-written: rmpv decodes complete values, but re-decoding a growing buffer
 //! after every read would be quadratic for a slow writer; the framer keeps its place and skips
 //! payloads, so each byte is looked at once. Its header rules (`header`) also delimit the
 //! values of a complete message when it is decoded.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncWriteExt;
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::mpsc;
 use tokio_util::codec::Decoder;
-use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
 use super::framing::Frame;
-use crate::buffer::ack::{AckEvent, AckTracker};
 use crate::telemetry::outcome::Rejected;
 
 mod decode;
@@ -225,110 +215,4 @@ impl Decoder for ForwardFramer {
         // The writer went away in the middle of a message.
         Ok(Some(self.broken(buf, Rejected::Malformed)))
     }
-}
-
-/// `{"ack": chunk}`, msgpack-encoded.
-pub fn ack_response(chunk: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(chunk.len() + 8);
-    // Writing into a Vec cannot fail.
-    let _ = rmp::encode::write_map_len(&mut out, 1);
-    let _ = rmp::encode::write_str(&mut out, "ack");
-    let _ = rmp::encode::write_str(&mut out, chunk);
-    out
-}
-
-/// A chunk waiting for its records: acknowledged once every record numbered up to `last` is
-/// settled, unless one of its records was refused.
-#[derive(Debug)]
-pub struct PendingChunk {
-    /// The chunk id the client sent.
-    pub chunk: String,
-    /// The number of the chunk's last record on the connection (its first is one more than the
-    /// previous chunk's last).
-    pub last: u64,
-}
-
-/// Most chunks waiting for acknowledgement per connection; beyond it the reader waits (the
-/// client is sending faster than records become durable).
-pub const MAX_PENDING_CHUNKS: usize = 1024;
-
-/// Writes `{"ack": chunk}` for each chunk in order once its records are durable, until the
-/// reader is done and every chunk is answered, the client goes away, or the drain deadline
-/// passes. A chunk with a refused record is not answered: the client resends it.
-pub async fn write_chunk_acks(
-    writer: OwnedWriteHalf,
-    tracker: Arc<AckTracker>,
-    chunks: mpsc::Receiver<PendingChunk>,
-    abandon: CancellationToken,
-) {
-    write_chunk_acks_within(writer, tracker, chunks, abandon, MAX_PENDING_CHUNKS).await;
-}
-
-/// [`write_chunk_acks`] holding at most `max_pending` chunks (tests use a small bound).
-async fn write_chunk_acks_within(
-    mut writer: OwnedWriteHalf,
-    tracker: Arc<AckTracker>,
-    mut chunks: mpsc::Receiver<PendingChunk>,
-    abandon: CancellationToken,
-    max_pending: usize,
-) {
-    let mut pending: VecDeque<(PendingChunk, bool)> = VecDeque::new();
-    // Refused records of chunks not taken from the channel yet (the pending bound was reached):
-    // their chunk is marked when it arrives. Bounded by the connection's unsettled records.
-    let mut refused_ahead: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
-    let mut watermark = 0u64;
-    let mut reader_done = false;
-    loop {
-        tokio::select! {
-            biased;
-            chunk = chunks.recv(), if !reader_done && pending.len() < max_pending => match chunk {
-                Some(chunk) => {
-                    let later = refused_ahead.split_off(&(chunk.last + 1));
-                    let failed = !refused_ahead.is_empty();
-                    refused_ahead = later;
-                    pending.push_back((chunk, failed));
-                }
-                None => reader_done = true,
-            },
-            events = tracker.next_events() => {
-                for event in events {
-                    match event {
-                        AckEvent::Refused { seq, .. } => {
-                            // The chunk holding `seq` is the first whose last record is >= seq;
-                            // if it is still in the channel, remember the refusal for it.
-                            match pending.iter_mut().find(|(chunk, _)| chunk.last >= seq) {
-                                Some((_, failed)) => *failed = true,
-                                None => {
-                                    refused_ahead.insert(seq);
-                                }
-                            }
-                        }
-                        AckEvent::Upto(seq) => watermark = seq,
-                    }
-                }
-            }
-            _ = abandon.cancelled() => break,
-        }
-        let mut reply = Vec::new();
-        while pending.front().is_some_and(|(chunk, _)| chunk.last <= watermark) {
-            if let Some((chunk, failed)) = pending.pop_front() {
-                if failed {
-                    debug!(chunk = %chunk.chunk, "chunk had a refused record; not acknowledged");
-                } else {
-                    reply.extend_from_slice(&ack_response(&chunk.chunk));
-                }
-            }
-        }
-        if !reply.is_empty() && !super::connection::write_acks(&mut writer, &reply, &abandon).await {
-            break;
-        }
-        if reader_done && pending.is_empty() {
-            break;
-        }
-        if reader_done && tracker.reading_done() && tracker.all_reported() && !pending.is_empty() {
-            // Cannot happen (every chunk's records are issued before it is queued); never spin.
-            break;
-        }
-    }
-    let _ = writer.shutdown().await;
 }

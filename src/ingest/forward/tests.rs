@@ -5,7 +5,10 @@ use serde_json::json;
 
 use super::*;
 use crate::ingest::framing::tests::frames;
+use crate::ingest::replies::{PendingChunk, ack_response, write_chunk_acks_within};
 use crate::telemetry::outcome::Dropped;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 fn pack(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
