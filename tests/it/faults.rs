@@ -308,6 +308,22 @@ async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_aft
     assert_each_once(&numbers, 0..sent);
 }
 
+/// Runs an agent (`args`, on `config`'s socket) whose Kafka is unreachable until `n` records
+/// numbered with `tag` are in its spool, then stops it.
+async fn spool_and_stop(config: &TestConfig, args: &[&str], tag: &str, n: u64) {
+    let mut agent = Process::spawn("agent", args, config.dir.path());
+    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let lines: Vec<Vec<u8>> = (0..n).map(|i| numbered(tag, i).into_bytes()).collect();
+    send_lines(&config.socket(), &lines).await;
+    let admin = config.agent_admin();
+    eventually("spooled", || async {
+        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == n as f64).then_some(())
+    })
+    .await;
+    agent.signal("TERM");
+    assert!(agent.wait(Duration::from_secs(20)).await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shipped() {
     let services = services();
@@ -322,17 +338,7 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     offline.table = config.table.clone();
     offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port())).set("agent", "drain_timeout", "1s");
     let path = offline.write();
-    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
-    let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered(&topic, n).into_bytes()).collect();
-    send_lines(&config.socket(), &lines).await;
-    let admin = config.agent_admin();
-    eventually("spooled", || async {
-        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 300.0).then_some(())
-    })
-    .await;
-    agent.signal("TERM");
-    assert!(agent.wait(Duration::from_secs(20)).await.success());
+    spool_and_stop(&config, &["agent", "--config", path.to_str().expect("path")], &topic, 300).await;
 
     // Flip bytes in the middle of the first segment.
     let spool = config.dir.path().join("spool");
@@ -651,17 +657,8 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let args = ["agent", "--config", path.to_str().expect("path")];
 
     // First run: Kafka unreachable, so 300 records stay in the spool.
-    let mut agent = Process::spawn("agent", &args, config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
-    let lines: Vec<Vec<u8>> = (0..300).map(|n| numbered("fullstart", n).into_bytes()).collect();
-    send_lines(&config.socket(), &lines).await;
+    spool_and_stop(&config, &args, "fullstart", 300).await;
     let admin = config.agent_admin();
-    eventually("spooled", || async {
-        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 300.0).then_some(())
-    })
-    .await;
-    agent.signal("TERM");
-    assert!(agent.wait(Duration::from_secs(20)).await.success());
 
     // Damage the segment in its middle (a repair needs room for a copy), then fill the disk.
     let segment = std::fs::read_dir(&spool)
