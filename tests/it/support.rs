@@ -22,7 +22,7 @@ mod load;
 mod postgres;
 mod proxy;
 
-pub use acks::{AckReader, Settled};
+pub use acks::{AckReader, Settled, open_acknowledged};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, numbered, numbers_in};

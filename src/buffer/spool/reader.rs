@@ -203,13 +203,7 @@ impl SpoolReader {
                         quarantined = ?quarantined,
                         "the spool cannot read this segment; the rest of it is given up and its disk-only records counted as lost"
                     );
-                    match next {
-                        Some(next) => pos = next,
-                        None => {
-                            pos = upto;
-                            break;
-                        }
-                    }
+                    pos = next;
                 }
                 Err(segment::ReadError::Corrupt)
                     if let Some(to) =
@@ -229,13 +223,7 @@ impl SpoolReader {
                         quarantined = ?quarantined,
                         "damaged spool record; the rest of the segment is skipped and its disk-only records counted as lost"
                     );
-                    match next {
-                        Some(next) => pos = next,
-                        None => {
-                            pos = upto;
-                            break;
-                        }
-                    }
+                    pos = next;
                 }
             }
         }
@@ -244,19 +232,14 @@ impl SpoolReader {
     }
 
     /// Gives up the rest of `pos`'s segment (damaged, or unreadable): its disk-only records are
-    /// finished as lost and counted in `batch`. Returns how many, and where to read on (`None`:
-    /// nothing before `upto`).
-    pub(super) fn skip_rest(
-        &mut self,
-        pos: SpoolPos,
-        upto: SpoolPos,
-        batch: &mut ReadBatch,
-    ) -> (u64, Option<SpoolPos>) {
+    /// finished as lost and counted in `batch`. Returns how many, and where to read on (`upto`
+    /// when nothing is left before it, which ends the read).
+    pub(super) fn skip_rest(&mut self, pos: SpoolPos, upto: SpoolPos, batch: &mut ReadBatch) -> (u64, SpoolPos) {
         let (lost, skipped_bytes) = self.spool.lose_rest(pos);
         batch.corrupt_regions += 1;
         batch.corrupt_records += lost;
         batch.corrupt_bytes += skipped_bytes;
-        (lost, self.next_segment(pos.segment).filter(|next| *next <= upto))
+        (lost, self.next_segment(pos.segment).filter(|next| *next <= upto).unwrap_or(upto))
     }
 
     pub(super) fn next_segment(&mut self, after: u64) -> Option<SpoolPos> {

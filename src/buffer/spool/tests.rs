@@ -160,14 +160,7 @@ fn records_in_memory_of_a_dropped_segment_are_owed_until_delivered_or_evicted() 
 #[test]
 fn a_damaged_segment_is_quarantined_at_start_and_its_intact_records_are_kept() {
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut config = config(dir.path());
-        config.segment_bytes = 1024 * 1024;
-        let (_spool, mut writer, _) = Spool::open(config).expect("open");
-        append_all(&mut writer, &payloads(10));
-        writer.close().expect("close");
-    }
-    let file = segment_files(dir.path()).remove(0);
+    let file = one_closed_segment_of_ten(dir.path());
     let mut data = std::fs::read(&file).expect("read");
     let report = segment::scan(&data);
     data[report.frames[4].start + 12] ^= 0xFF; // flip bits inside record 4

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{AckReader, Settled};
+use crate::support::{AckReader, Settled, open_acknowledged};
 
 /// The record `seq` (try `attempt`) of writer `writer`: about 200 bytes of JSON.
 pub fn record(writer: &str, seq: u64, attempt: u32) -> String {
@@ -106,19 +106,10 @@ async fn run_acked(
         if give_up.is_cancelled() || (stop.is_cancelled() && again.is_empty()) {
             break;
         }
-        let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(2), UnixStream::connect(&socket)).await else {
+        let Some((mut lines, mut write)) = open_acknowledged(&socket).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let (read, mut write) = stream.into_split();
-        if write.write_all(b"SLUICE/1 ACK\n").await.is_err() {
-            continue;
-        }
-        let mut lines = BufReader::new(read).lines();
-        match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
-            Ok(Ok(Some(line))) if line.starts_with("OK") => {}
-            _ => continue,
-        }
         outcome.connections += 1;
         // This connection's records by sequence number (1-based), and what the agent said.
         let sent: Arc<Mutex<(Vec<Sent>, AckReader)>> = Arc::default();

@@ -1,5 +1,29 @@
 //! Reading the agent's acknowledgement lines on one connection (docs/PROTOCOL.md), strictly: the
-//! one reading both the tests' `AckedSender` and the soak's `AckedWriter` use.
+//! one reading both the tests' `AckedSender` and the soak's `AckedWriter` use, and the handshake
+//! that opens such a connection.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+/// A connection in acknowledged mode: its acknowledgement lines, and where records go.
+pub type Acknowledged = (Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf);
+
+/// Connects to `socket` and asks for acknowledged mode (`SLUICE/1 ACK`, answered `OK <point>`);
+/// `None` if the agent is not there, does not answer within a few seconds, or answers otherwise.
+pub async fn open_acknowledged(socket: &Path) -> Option<Acknowledged> {
+    let stream = tokio::time::timeout(Duration::from_secs(2), UnixStream::connect(socket)).await.ok()?.ok()?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(b"SLUICE/1 ACK\n").await.ok()?;
+    let mut lines = BufReader::new(read).lines();
+    match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
+        Ok(Ok(Some(line))) if line.starts_with("OK ") => Some((lines, write)),
+        _ => None,
+    }
+}
 
 /// How one record of a connection was settled.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
-use super::acks::{AckReader, Settled};
+use super::acks::{AckReader, Settled, open_acknowledged};
 
 /// Record `n` of the run tagged `tag`, as JSON with a little padding (about 200 bytes).
 pub fn numbered(tag: &str, n: u64) -> String {
@@ -133,19 +133,10 @@ async fn run_acked(
 ) {
     let mut next = 0u64;
     while !stop.is_cancelled() {
-        let Ok(stream) = UnixStream::connect(&socket).await else {
+        let Some((mut lines, mut write)) = open_acknowledged(&socket).await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (read, mut write) = stream.into_split();
-        if write.write_all(b"SLUICE/1 ACK\n").await.is_err() {
-            continue;
-        }
-        let mut lines = BufReader::new(read).lines();
-        match lines.next_line().await {
-            Ok(Some(line)) if line.starts_with("OK ") => {}
-            _ => continue,
-        }
         // Numbers written on this connection, by sequence (seq 1 = index 0), and what the
         // agent said of them.
         let numbers: Arc<Mutex<(Vec<u64>, AckReader)>> = Arc::default();
