@@ -93,6 +93,15 @@ pub async fn run(
     info!("spool writer stopped");
 }
 
+/// Why the spool has no room for a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// The spool's cap (`buffer.max_bytes`): the free room is known, so what fits can go now.
+    Cap,
+    /// The disk itself (a write failed for want of space): nothing is known to fit.
+    Disk,
+}
+
 pub(crate) struct Spooler {
     buffer: Buffer,
     /// Taken while a blocking call uses it.
@@ -208,36 +217,16 @@ impl Spooler {
                 }
                 continue;
             }
-            let policy = self.buffer.policy().when_full;
-            self.errors.report(&error, records.len(), policy.as_str());
-            match policy {
-                // Keep the records and try again: readers feel it as backpressure.
-                WhenFull::Block => {
-                    if !self.pause(stop).await {
-                        return self.abandon(records, Failed::DrainTimeout);
-                    }
-                }
-                WhenFull::DropOldest => {
-                    if !self.drop_oldest_segment().await {
-                        return self.abandon(records, Dropped::DropOldest);
-                    }
-                    // The disk, not the cap, is full: the room a drop frees may come only once
-                    // the backlog reader lets go of the file. Without a pause one full disk
-                    // would take every segment in a row.
-                    if !self.pause(stop).await {
-                        return self.abandon(records, Failed::DrainTimeout);
-                    }
-                }
-                WhenFull::DropNewest => return self.abandon(records, Dropped::DropNewest),
+            self.errors.report(&error, records.len(), self.buffer.policy().when_full.as_str());
+            if self.on_full(Full::Disk, &mut records, stop).await.is_none() {
+                return;
             }
         }
     }
 
     /// Frees disk for `need` bytes as `when_full` says, and tells how many of `records` (from
-    /// the oldest) to write now: all once they fit; under `block` and `drop_newest` the oldest
-    /// that fit in what is free, so a batch larger than the free room never waits for room it
-    /// may never get while part of it could go. `None` when the records were dropped (counted)
-    /// instead.
+    /// the oldest) to write now: all once they fit, else what [`Spooler::on_full`] decides.
+    /// `None` when the records were dropped (counted) instead.
     async fn make_room(&mut self, need: u64, records: &mut Vec<Record>, stop: &CancellationToken) -> Option<usize> {
         loop {
             let spool = self.buffer.spool().expect("the spooler runs only with a spool").clone();
@@ -250,30 +239,55 @@ impl Spooler {
             if fits {
                 return Some(records.len());
             }
-            match self.buffer.policy().when_full {
-                WhenFull::DropNewest => {
-                    // Keep the oldest records that fit; only the newest ones are dropped.
-                    let keep = self.fitting_prefix(records);
-                    let newest = records.split_off(keep);
-                    self.abandon(newest, Dropped::DropNewest);
-                    return (!records.is_empty()).then_some(records.len());
+            match self.on_full(Full::Cap, records, stop).await? {
+                0 => continue,
+                fitting => return Some(fitting),
+            }
+        }
+    }
+
+    /// What `when_full` does when the spool has no room for `records`: the one place the spool
+    /// decides it (the socket's decision, for memory, is [`Buffer::push`]'s). Returns how many of
+    /// `records` (the oldest) to write now, `Some(0)` to try again, `None` when none are left (all
+    /// dropped or given up, and counted).
+    /// - `block`: what fits goes now; with nothing fitting, wait for room (readers feel it as
+    ///   backpressure) until the drain gives up.
+    /// - `drop_newest`: what fits goes now; the newest rest is dropped.
+    /// - `drop_oldest`: the oldest segment is deleted (its disk-only records counted) and the
+    ///   write tried again. When the disk, not the cap, is full, the room a drop frees may come
+    ///   only once the backlog reader lets go of the file: a pause first, or one full disk would
+    ///   take every segment in a row.
+    async fn on_full(&mut self, full: Full, records: &mut Vec<Record>, stop: &CancellationToken) -> Option<usize> {
+        let fitting = match full {
+            Full::Cap => self.fitting_prefix(records),
+            Full::Disk => 0,
+        };
+        match self.buffer.policy().when_full {
+            WhenFull::Block => {
+                if fitting > 0 {
+                    return Some(fitting);
                 }
-                WhenFull::DropOldest => {
-                    if !self.drop_oldest_segment().await {
-                        self.abandon(std::mem::take(records), Dropped::DropOldest);
-                        return None;
-                    }
+                if !self.pause(stop).await {
+                    self.abandon(std::mem::take(records), Failed::DrainTimeout);
+                    return None;
                 }
-                WhenFull::Block => {
-                    let keep = self.fitting_prefix(records);
-                    if keep > 0 {
-                        return Some(keep);
-                    }
-                    if !self.pause(stop).await {
-                        self.abandon(std::mem::take(records), Failed::DrainTimeout);
-                        return None;
-                    }
+                Some(0)
+            }
+            WhenFull::DropNewest => {
+                let newest = records.split_off(fitting);
+                self.abandon(newest, Dropped::DropNewest);
+                (!records.is_empty()).then_some(records.len())
+            }
+            WhenFull::DropOldest => {
+                if !self.drop_oldest_segment().await {
+                    self.abandon(std::mem::take(records), Dropped::DropOldest);
+                    return None;
                 }
+                if full == Full::Disk && !self.pause(stop).await {
+                    self.abandon(std::mem::take(records), Failed::DrainTimeout);
+                    return None;
+                }
+                Some(0)
             }
         }
     }
