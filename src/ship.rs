@@ -22,16 +22,12 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use metrics::Counter;
-use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Message};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::buffer::ack::Ack;
 use crate::buffer::spool::{SpoolOp, SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
 use crate::config::Config;
@@ -40,8 +36,11 @@ use crate::telemetry::outcome::{self, Dropped, Failed};
 
 #[cfg(test)]
 mod model;
+mod report;
 #[cfg(test)]
 mod tests;
+
+pub use report::{InFlight, ShipContext};
 
 /// Most records moved from the buffer to librdkafka per wake-up.
 const SEND_BATCH: usize = 512;
@@ -132,176 +131,6 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("message.max.bytes", message_max.to_string())
         .set("queue.buffering.max.messages", (buffer.max_records() / LIBRDKAFKA_SHARE + 1).to_string());
     client
-}
-
-/// librdkafka callbacks: delivery reports and client errors.
-pub struct ShipContext {
-    buffer: Buffer,
-    delivered: Counter,
-    delivered_bytes: Counter,
-    retried: Counter,
-    latency: metrics::Histogram,
-    errors: Arc<telemetry::librdkafka::ErrorTotals>,
-    /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
-    fatal: Arc<AtomicBool>,
-}
-
-impl ClientContext for ShipContext {
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        telemetry::librdkafka::record(&statistics, &self.errors);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
-            error!(%error, reason, "kafka producer reported a fatal error; it will be replaced");
-            self.fatal.store(true, Ordering::Relaxed);
-        } else {
-            warn!(%error, reason, "kafka client error");
-        }
-    }
-}
-
-/// What travels with a record through librdkafka and comes back in its delivery report.
-pub struct InFlight {
-    lease: Lease,
-    retries: u32,
-    pos: Option<SpoolPos>,
-    ingest_ms: u64,
-    ack: Option<Ack>,
-}
-
-impl InFlight {
-    /// A record as it goes to the producer: its payload and key, and what travels with it.
-    fn new(record: Record) -> (Bytes, Option<Bytes>, Box<InFlight>) {
-        let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
-        (payload, key, Box::new(InFlight { lease, retries, pos, ingest_ms, ack }))
-    }
-}
-
-impl ShipContext {
-    /// The record is stored in Kafka, or given up for good: release it everywhere.
-    fn settle(&self, in_flight: InFlight, refused: Option<Failed>) {
-        let InFlight { lease, pos, mut ack, ingest_ms, .. } = in_flight;
-        self.buffer.settled(lease.bytes(), ingest_ms);
-        if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
-            let (deletable, parked) = spool.done(pos);
-            ack = ack.or(parked);
-            if deletable {
-                // This is librdkafka's polling thread, not a runtime worker: a file delete is fine.
-                spool.delete_done();
-            }
-        }
-        // The memory goes back before the writer hears of it: whoever is told the record is
-        // settled sees its lease gone too.
-        drop(lease);
-        // An ack still unsettled here is settled now: delivered is durable, whatever point it
-        // waited for (a `spooled` ack settled at write time is no longer with the record).
-        if let Some(ack) = ack {
-            match refused {
-                None => ack.durable(),
-                Some(reason) => ack.refused(reason),
-            }
-        }
-        self.buffer.notify_settled();
-    }
-}
-
-impl ShipContext {
-    /// A record that never reached librdkafka because the agent is stopping.
-    fn unsent(&self, in_flight: InFlight) {
-        let InFlight { lease, pos, ack, ingest_ms, .. } = in_flight;
-        self.buffer.settled(lease.bytes(), ingest_ms);
-        match (pos, self.buffer.spool()) {
-            (Some(pos), Some(spool)) => {
-                let lost = spool.evicted(vec![(pos, ack)]);
-                if lost > 0 {
-                    Dropped::DropOldest.count(lost);
-                }
-            }
-            _ => {
-                error!("record not handed to kafka before the drain deadline; dropped and counted");
-                Failed::DrainTimeout.count(1);
-                if let Some(ack) = ack {
-                    ack.refused(Failed::DrainTimeout);
-                }
-            }
-        }
-    }
-}
-
-/// A delivery report, as the producer boundary hands it over: stored in Kafka (the payload's
-/// length), or failed with librdkafka's error and the message it hands back (payload and key,
-/// so the buffer need not keep a copy of records in flight).
-pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Option<&'a [u8]>)>;
-
-impl ShipContext {
-    /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own.
-    fn new(buffer: Buffer) -> Self {
-        Self {
-            buffer,
-            delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
-            delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
-            retried: metrics::counter!(telemetry::SHIP_RETRIED),
-            latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
-            errors: Arc::default(),
-            fatal: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    /// Decides a record's fate from its delivery report: acknowledged, back into the buffer
-    /// (retryable), or given up and counted. Everything [`ProducerContext::delivery`] does past
-    /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
-    fn report(&self, report: Report<'_>, in_flight: InFlight) {
-        match report {
-            Ok(payload_len) => {
-                self.delivered.increment(1);
-                self.delivered_bytes.increment(payload_len as u64);
-                let latency_ms = (chrono::Utc::now().timestamp_millis() as u64).saturating_sub(in_flight.ingest_ms);
-                self.latency.record(latency_ms as f64 / 1000.0);
-                self.settle(in_flight, None);
-            }
-            Err((error, payload, key)) => {
-                let reason = reason(error);
-                metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
-                match classify(error) {
-                    Disposition::Retry => {
-                        // librdkafka hands back the payload, so the buffer need not keep a copy
-                        // of records in flight.
-                        self.retried.increment(1);
-                        let InFlight { lease, retries, pos, ingest_ms, ack } = in_flight;
-                        self.buffer.requeue(Record {
-                            payload: Bytes::copy_from_slice(payload.unwrap_or_default()),
-                            key: key.map(Bytes::copy_from_slice),
-                            lease,
-                            retries: retries.saturating_add(1),
-                            pos,
-                            ingest_ms,
-                            ack,
-                        });
-                    }
-                    Disposition::GiveUp => {
-                        let failed = give_up_reason(error);
-                        error!(%error, kafka_error = reason, reason = failed.as_str(), "kafka refused a record; it is dropped and counted");
-                        failed.count(1);
-                        self.settle(in_flight, Some(failed));
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl ProducerContext for ShipContext {
-    type DeliveryOpaque = Box<InFlight>;
-
-    /// Runs on the producer's polling thread, never on a reader task.
-    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let report = match result {
-            Ok(message) => Ok(message.payload_len()),
-            Err((error, message)) => Err((error, message.payload(), message.key())),
-        };
-        self.report(report, *in_flight);
-    }
 }
 
 type Producer_ = ThreadedProducer<ShipContext>;
