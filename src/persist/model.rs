@@ -35,6 +35,10 @@
 //! reloads of the batch limits, the ingest-time window moving during a run, consume errors from
 //! Kafka, the batch and latency metrics, and a real transaction that commits but whose answer
 //! is lost with the future the drain's deadline drops (the fake commits when it answers).
+//!
+//! One file over the usual size (~830 lines), on purpose: a model-based test is one state
+//! machine — the fakes, the operations, the model and the checks after every step are read
+//! together.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

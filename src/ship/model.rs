@@ -57,7 +57,9 @@
 //! (unlimited here).
 //!
 //! `SLUICE_MODEL_STATS=1` prints, per case, how the records ended (to see what a seed reaches).
-//! One file over the usual size: the model, the harness and the checks are read together.
+//! One file over the usual size (~1,250 lines), on purpose: a model-based test is one state
+//! machine — the operations, the model's state and the checks after every step are read together,
+//! and split apart each check would sit away from the state it checks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;

@@ -1,3 +1,8 @@
+//! The spool's unit tests on a real directory: writing and reading segments back, recovery of
+//! every kind of damage (torn tails, flipped bytes, a full disk at start), quarantine, the ledger,
+//! `drop_oldest`. One file over the usual size (~640 lines): they share one fixture set and read
+//! as one specification of the on-disk format's guarantees.
+
 use super::*;
 use crate::telemetry::outcome::{Dropped, Refused};
 
