@@ -1154,7 +1154,8 @@ impl<'a> Run<'a> {
         let (low, high) = (held, held + in_writing + pending as u64);
         prop_assert!(
             (low..=high).contains(&gauge_records),
-            "sluice_buffer_records {} but {} records are in memory ({} being written, {} pushes waiting) after {:?}",
+            "{} {} but {} records are in memory ({} being written, {} pushes waiting) after {:?}",
+            telemetry::BUFFER_RECORDS,
             gauge_records,
             held,
             in_writing,
@@ -1164,7 +1165,8 @@ impl<'a> Run<'a> {
         let (low, high) = (held_bytes, held_bytes + in_writing_bytes + pending * largest);
         prop_assert!(
             (low..=high).contains(&gauge_bytes),
-            "sluice_buffer_bytes {} but the records in memory cost {} after {:?}",
+            "{} {} but the records in memory cost {} after {:?}",
+            telemetry::BUFFER_BYTES,
             gauge_bytes,
             low,
             op
@@ -1182,7 +1184,8 @@ impl<'a> Run<'a> {
         prop_assert_eq!(
             self.metrics.get(telemetry::SPOOL_RECORDS, None),
             on_books,
-            "sluice_spool_records after {:?}",
+            "{} after {:?}",
+            telemetry::SPOOL_RECORDS,
             op
         );
         prop_assert_eq!(spool.orphaned(), orphans, "orphaned records after {:?}", op);
