@@ -112,6 +112,17 @@ impl Default for Limits {
     }
 }
 
+/// Where a role's admin server listens.
+#[derive(Debug)]
+pub enum AdminListener {
+    /// The role's `admin_listen` from the config, bound while the role builds, so that a port
+    /// conflict fails the start (what `sluice agent` and `sluice persist` do).
+    Configured,
+    /// A listener its caller bound already (port 0, say): a test that runs the role in its own
+    /// runtime knows the address before the role starts, and nothing else can take the port.
+    Bound(TcpListener),
+}
+
 /// A bound admin server.
 pub struct AdminServer {
     listener: TcpListener,
@@ -123,9 +134,23 @@ pub struct AdminServer {
 impl AdminServer {
     /// Binds `address` now, so a port conflict fails start-up instead of a later task.
     pub async fn bind(address: &str, config: ConfigEndpoint) -> Result<Self, AdminError> {
-        let error = |source| AdminError { address: address.to_string(), source };
-        let listener = TcpListener::bind(address).await.map_err(error)?;
-        let local = listener.local_addr().map_err(error)?;
+        let listener =
+            TcpListener::bind(address).await.map_err(|source| AdminError { address: address.to_string(), source })?;
+        Self::serving_on(listener, address, config)
+    }
+
+    /// The admin server where `listen` says: for [`AdminListener::Configured`], `address` (the
+    /// role's `admin_listen`) is bound now.
+    pub async fn open(listen: AdminListener, address: &str, config: ConfigEndpoint) -> Result<Self, AdminError> {
+        match listen {
+            AdminListener::Configured => Self::bind(address, config).await,
+            AdminListener::Bound(listener) => Self::serving_on(listener, "a listener bound by the caller", config),
+        }
+    }
+
+    /// The server on `listener`; `address` names it in an error.
+    fn serving_on(listener: TcpListener, address: &str, config: ConfigEndpoint) -> Result<Self, AdminError> {
+        let local = listener.local_addr().map_err(|source| AdminError { address: address.to_string(), source })?;
         let served = config.enabled.unwrap_or_else(|| local.ip().to_canonical().is_loopback());
         let config_refusal = (!served).then(|| match config.enabled {
             Some(_) => format!("/config is disabled ({} = false)\n", config.key),

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ReadinessCheck};
+use crate::admin::{AdminError, AdminListener, AdminServer, ConfigEndpoint, ReadinessCheck};
 use crate::buffer::ack::AckBudget;
 use crate::buffer::spool::{Spool, SpoolOp, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
@@ -86,9 +86,12 @@ pub struct DrainReport {
 }
 
 /// Runs the agent until `shutdown` is cancelled (a signal, or a task that failed), then drains.
-/// Returns an error if a task failed, after the drain.
+/// Returns an error if a task failed, after the drain. The admin server listens where `admin`
+/// says: the binary has it bind `agent.admin_listen` during the build; a test that runs the agent
+/// in its own runtime passes a listener it bound on port 0.
 pub async fn run(
     config: Config,
+    admin: AdminListener,
     reloading: Option<Reloading>,
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
@@ -98,7 +101,7 @@ pub async fn run(
     let pod = PodMetadata::from_env();
     let (buffer, spool_writer) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
-    let admin = AdminServer::bind(&config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
+    let admin = AdminServer::open(admin, &config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     let envelopes = EnvelopeWriter::new(&pod);
     info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::{AdminError, AdminServer, ConfigEndpoint, ReadinessCheck};
+use crate::admin::{AdminError, AdminListener, AdminServer, ConfigEndpoint, ReadinessCheck};
 use crate::config::Config;
 use crate::config::reload::{self, Reloading};
 use crate::lifecycle::Tasks;
@@ -157,14 +157,16 @@ impl PersistError {
 }
 
 /// Runs the persister until `shutdown` is cancelled, then finishes the current batch and commits.
+/// The admin server listens where `admin` says (see `agent::run`).
 pub async fn run(
     config: Config,
+    admin: AdminListener,
     reloading: Option<Reloading>,
     metrics: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> Result<(), PersistError> {
     telemetry::register_persist_series();
-    let admin = AdminServer::bind(&config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
+    let admin = AdminServer::open(admin, &config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let database_ok = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));

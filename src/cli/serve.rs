@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use sluice::admin::AdminListener;
 use sluice::config::{Config, Role};
 use sluice::shutdown::Shutdown;
 use sluice::{agent, persist, telemetry};
@@ -62,12 +63,14 @@ pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
         let scrape = metrics.clone();
         let work = async {
             match role {
-                Role::Agent => agent::run(config, reloading, metrics, shutdown.token())
+                Role::Agent => agent::run(config, AdminListener::Configured, reloading, metrics, shutdown.token())
                     .await
                     .map(|_| ())
                     .map_err(anyhow::Error::from),
                 Role::Persist => {
-                    persist::run(config, reloading, metrics, shutdown.token()).await.map_err(anyhow::Error::from)
+                    persist::run(config, AdminListener::Configured, reloading, metrics, shutdown.token())
+                        .await
+                        .map_err(anyhow::Error::from)
                 }
             }
         };
