@@ -167,11 +167,9 @@ pub async fn run(
 ) -> Result<(), PersistError> {
     telemetry::register_persist_series();
     let admin = AdminServer::open(admin, &config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
-    let assigned = Arc::new(AtomicUsize::new(0));
-    let database_ok = Arc::new(AtomicBool::new(false));
-    let draining = Arc::new(AtomicBool::new(false));
+    let health = Arc::new(Health::default());
     let background = CancellationToken::new();
-    let ready = readiness(&assigned, &database_ok, &draining);
+    let ready = health.readiness();
     let running = Arc::new(std::sync::RwLock::new(config.clone()));
     reload::publish(None, &reload::fingerprint(&config));
     // Every task under `tasks`; one that fails starts the drain, like a signal.
@@ -192,14 +190,14 @@ pub async fn run(
     let result = async {
         let mut writers = Vec::with_capacity(config.persist.writers);
         for _ in 0..config.persist.writers {
-            let Some(writer) = connect_writer(&Postgres(&config), &database_ok, &shutdown).await? else {
+            let Some(writer) = connect_writer(&Postgres(&config), &health, &shutdown).await? else {
                 return Ok(());
             };
             writers.push(writer);
         }
         let lag = Arc::new(LagClock::default());
         let context =
-            PersistContext { assigned: assigned.clone(), errors: telemetry::librdkafka::ErrorTotals::default() };
+            PersistContext { health: health.clone(), errors: telemetry::librdkafka::ErrorTotals::default() };
         let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
@@ -207,20 +205,20 @@ pub async fn run(
         let lag_stop = CancellationToken::new();
         let lag_task =
             tasks.service("lag", lag_stop.clone(), report_lag(consumer.clone(), lag.clone(), lag_stop.clone()));
-        let probe = probe_database(config.postgres.clone(), database_ok.clone(), background.clone());
+        let probe = probe_database(config.postgres.clone(), health.clone(), background.clone());
         let probe = tasks.service("database probe", background.clone(), probe);
         let run = Run {
             config: &config,
             running: &running,
             consumer: consumer.as_ref(),
             database: &Postgres(&config),
-            database_ok: &database_ok,
+            health: &health,
             lag: &lag,
         };
         // Not spawned (it borrows the run), but watched: a panicking lane starts the drain, and
         // only offsets of committed batches were stored.
         tasks.watch("consume", consume(&run, writers, &shutdown)).await;
-        draining.store(true, Ordering::Relaxed);
+        health.draining.store(true, Ordering::Relaxed);
         // The lag task holds the consumer too: stop it first so the consumer closes below.
         lag_stop.cancel();
         tasks.join(lag_task).await;
@@ -260,7 +258,7 @@ pub async fn run(
         Ok::<(), PersistError>(())
     }
     .await;
-    draining.store(true, Ordering::Relaxed);
+    health.draining.store(true, Ordering::Relaxed);
     background.cancel();
     for task in services {
         tasks.join(task).await;
@@ -274,19 +272,34 @@ pub async fn run(
     Ok(())
 }
 
-fn readiness(assigned: &Arc<AtomicUsize>, database_ok: &Arc<AtomicBool>, draining: &Arc<AtomicBool>) -> ReadinessCheck {
-    let (assigned, database_ok, draining) = (assigned.clone(), database_ok.clone(), draining.clone());
-    Arc::new(move || {
-        if draining.load(Ordering::Relaxed) {
-            Err("draining".into())
-        } else if !database_ok.load(Ordering::Relaxed) {
-            Err("postgres not reachable".into())
-        } else if assigned.load(Ordering::Relaxed) == 0 {
-            Err("no partitions assigned".into())
-        } else {
-            Ok("ready".into())
-        }
-    })
+/// What the persister's readiness is made of, each part written by the one who knows it: one
+/// struct shared by the run, its tasks and the consumer's callbacks.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// Partitions assigned to this member (the consumer's rebalance callback).
+    pub(crate) assigned: AtomicUsize,
+    /// PostgreSQL answered the last connect, write or probe.
+    pub(crate) database_ok: AtomicBool,
+    /// The drain has begun.
+    pub(crate) draining: AtomicBool,
+}
+
+impl Health {
+    /// `/readyz`: not draining, PostgreSQL reachable, at least one partition assigned.
+    fn readiness(self: &Arc<Self>) -> ReadinessCheck {
+        let health = self.clone();
+        Arc::new(move || {
+            if health.draining.load(Ordering::Relaxed) {
+                Err("draining".into())
+            } else if !health.database_ok.load(Ordering::Relaxed) {
+                Err("postgres not reachable".into())
+            } else if health.assigned.load(Ordering::Relaxed) == 0 {
+                Err("no partitions assigned".into())
+            } else {
+                Ok("ready".into())
+            }
+        })
+    }
 }
 
 /// Applies new configs (log level, batch limits) as they come until `stop`.
@@ -323,7 +336,7 @@ async fn maintain(config: Config, stop: CancellationToken) {
 }
 
 /// Keeps the database flag of `/readyz` current while the writer is idle, on its own connection.
-async fn probe_database(config: crate::config::PostgresConfig, database_ok: Arc<AtomicBool>, stop: CancellationToken) {
+async fn probe_database(config: crate::config::PostgresConfig, health: Arc<Health>, stop: CancellationToken) {
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
         let check = async {
@@ -336,7 +349,7 @@ async fn probe_database(config: crate::config::PostgresConfig, database_ok: Arc<
             }
         };
         let ok = tokio::time::timeout(DATABASE_PROBE_INTERVAL, check).await.unwrap_or(false);
-        if database_ok.swap(ok, Ordering::Relaxed) != ok {
+        if health.database_ok.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 info!("postgres reachable");
             } else {

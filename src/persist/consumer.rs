@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -37,7 +37,8 @@ pub(super) const FETCH_BYTES: u32 = 1024 * 1024;
 
 /// Consumer callbacks: rebalances, commit results and statistics.
 pub(super) struct PersistContext {
-    pub(super) assigned: Arc<AtomicUsize>,
+    /// Readiness: the rebalance callback keeps `assigned` current.
+    pub(super) health: Arc<super::Health>,
     pub(super) errors: telemetry::librdkafka::ErrorTotals,
 }
 
@@ -119,7 +120,7 @@ impl ConsumerContext for PersistContext {
             Rebalance::Revoke(tpl) => info!(partitions = tpl.count(), "partitions revoked"),
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
         }
-        self.assigned.store(count, Ordering::Relaxed);
+        self.health.assigned.store(count, Ordering::Relaxed);
         metrics::gauge!(telemetry::PERSIST_ASSIGNED_PARTITIONS).set(count as f64);
     }
 

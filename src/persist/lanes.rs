@@ -8,7 +8,7 @@
 //! [`BatchWriter`] and [`Source`] traits are the seam the persister's model test drives.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::future::{join, join_all};
@@ -21,7 +21,7 @@ use tracing::{debug, error, warn};
 use super::consumer::LagClock;
 use super::row::{self, DeadLetter, Origin, Parsed, Row};
 use super::writer::{self, Writer};
-use super::{PersistError, schema};
+use super::{Health, PersistError, schema};
 use crate::config::Config;
 use crate::telemetry;
 use crate::telemetry::outcome::{DeadLetterReason, Lost};
@@ -86,20 +86,20 @@ impl BatchWriter for Writer {
 /// Connects, migrates and prepares a writer, retrying until it works or shutdown begins.
 pub(super) async fn connect_writer<D: Database>(
     database: &D,
-    database_ok: &AtomicBool,
+    health: &Health,
     shutdown: &CancellationToken,
 ) -> Result<Option<D::Writer>, PersistError> {
     let mut backoff = Duration::from_millis(200);
     loop {
         match database.connect().await {
             Ok(writer) => {
-                database_ok.store(true, Ordering::Relaxed);
+                health.database_ok.store(true, Ordering::Relaxed);
                 return Ok(Some(writer));
             }
             // A migration that fails will fail again: stop instead of looping.
             Err(error @ PersistError::Migration(_)) => return Err(error),
             Err(error) => {
-                database_ok.store(false, Ordering::Relaxed);
+                health.database_ok.store(false, Ordering::Relaxed);
                 warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot use postgres yet");
             }
         }
@@ -235,7 +235,8 @@ pub(super) struct Run<'a, D, C> {
     pub(super) consumer: &'a C,
     /// Where a writer whose connection failed gets a new one.
     pub(super) database: &'a D,
-    pub(super) database_ok: &'a AtomicBool,
+    /// Readiness: a write tells whether PostgreSQL answers.
+    pub(super) health: &'a Health,
     pub(super) lag: &'a LagClock,
 }
 
@@ -393,7 +394,7 @@ pub(super) async fn write_batch<D: Database, C: Source>(
     stop: &CancellationToken,
     mut batch: Batch,
 ) -> bool {
-    let Run { config, consumer, database, database_ok, lag, .. } = *run;
+    let Run { config, consumer, database, health, lag, .. } = *run;
     let mut backoff = Duration::from_millis(100);
     crate::lifecycle::fail_point("persist_write");
     loop {
@@ -401,7 +402,7 @@ pub(super) async fn write_batch<D: Database, C: Source>(
         let started = Instant::now();
         match write_isolating(writer, &mut batch).await {
             Ok(()) => {
-                database_ok.store(true, Ordering::Relaxed);
+                health.database_ok.store(true, Ordering::Relaxed);
                 let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
@@ -419,8 +420,8 @@ pub(super) async fn write_batch<D: Database, C: Source>(
                 metrics::counter!(telemetry::PERSIST_WRITE_ERRORS).increment(1);
                 error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
                 if !writer.is_usable() {
-                    database_ok.store(false, Ordering::Relaxed);
-                    match connect_writer(database, database_ok, stop).await {
+                    health.database_ok.store(false, Ordering::Relaxed);
+                    match connect_writer(database, health, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
                         Err(error) => {

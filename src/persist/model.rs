@@ -675,17 +675,12 @@ async fn drive(ops: &[Op], counters: &Counters) -> Result<(), TestCaseError> {
     let postgres = FakePostgres { world: world.clone() };
     let config = model_config();
     let running = std::sync::RwLock::new(config.clone());
-    let database_ok = AtomicBool::new(true);
+    let health = Health::default();
+    health.database_ok.store(true, std::sync::atomic::Ordering::Relaxed);
     let lag = LagClock::default();
     let shutdown = CancellationToken::new();
-    let run = Run {
-        config: &config,
-        running: &running,
-        consumer: &kafka,
-        database: &postgres,
-        database_ok: &database_ok,
-        lag: &lag,
-    };
+    let run =
+        Run { config: &config, running: &running, consumer: &kafka, database: &postgres, health: &health, lag: &lag };
     let writers = (0..LANES).map(|_| FakeWriter { world: world.clone(), usable: true }).collect();
     let system = consume(&run, writers, &shutdown);
     tokio::pin!(system);
