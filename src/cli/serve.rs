@@ -67,11 +67,9 @@ pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
                     .await
                     .map(|_| ())
                     .map_err(anyhow::Error::from),
-                Role::Persist => {
-                    persist::run(config, AdminListener::Configured, reloading, metrics, shutdown.token())
-                        .await
-                        .map_err(anyhow::Error::from)
-                }
+                Role::Persist => persist::run(config, AdminListener::Configured, reloading, metrics, shutdown.token())
+                    .await
+                    .map_err(anyhow::Error::from),
             }
         };
         tokio::select! {
