@@ -3,8 +3,8 @@
 //! Owns: the preamble most integration tests began with — the stack's services, a fresh topic
 //! created with its partitions (on the stack's broker or a private one), a [`TestConfig`] wired
 //! to it, the settings the test changes — as the [`Scenario`] builder and the [`Setup`] it
-//! builds; and every wait on a condition: rows, a metric, a scrape, a file, a log line, the
-//! consumer group caught up with its topic. All waits poll through [`until_within`], which fails
+//! builds; and every wait on a condition: rows, a metric reaching a value or settling, a scrape,
+//! a log line, the consumer group caught up with its topic, nothing left to arrive. All waits poll through [`until_within`], which fails
 //! the test naming what it waited for and what it last saw. Must not: sleep for a fixed time
 //! (a wait ends when its condition holds, or fails), or handle processes itself beyond calling
 //! support's `start_agent`, `start_persister` and `TestConfig::spawn_agent_at`.
@@ -107,7 +107,7 @@ impl Scenario {
         self
     }
 
-    /// Creates the topic (unless Kafka is unreachable); nothing runs yet.
+    /// Creates the topic (unless told not to); nothing runs yet.
     pub async fn build(self) -> Setup {
         let Self { services, topic, partitions, bootstrap, closed, config } = self;
         if let Some(partitions) = partitions {
@@ -191,6 +191,7 @@ impl Setup {
 pub struct ClosedPort(tokio::net::TcpSocket);
 
 impl ClosedPort {
+    /// Binds a loopback port chosen by the kernel.
     pub fn new() -> Self {
         let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
         socket.bind(([127, 0, 0, 1], 0).into()).expect("bind a loopback port");
@@ -327,12 +328,15 @@ pub async fn until_caught_up(config: &TestConfig) {
     let table = &config.table;
     let text = |section: &str, key: &str| table[section][key].as_str().expect("a string key").to_string();
     let (bootstrap, group, topic) = (text("kafka", "brokers"), text("persist", "group_id"), text("kafka", "topic"));
+    // One client for every look (it asks the group's coordinator; it never joins the group).
+    let client: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).set("group.id", &group).create().expect("consumer");
+    let client = std::sync::Arc::new(client);
     until(&format!("group {group} to commit all of {topic}"), || {
-        let (bootstrap, group, topic) = (bootstrap.clone(), group.clone(), topic.clone());
+        let (client, topic) = (client.clone(), topic.clone());
         async move {
-            let (ends, committed) = tokio::task::spawn_blocking(move || group_progress(&bootstrap, &group, &topic))
-                .await
-                .expect("the group's progress");
+            let progress = tokio::task::spawn_blocking(move || group_progress(&client, &topic));
+            let (ends, committed) = progress.await.map_err(|error| error.to_string())??;
             let behind = ends.iter().zip(&committed).any(|(end, committed)| committed < end);
             if behind { Err(format!("committed {committed:?} of {ends:?}")) } else { Ok(()) }
         }
@@ -340,26 +344,29 @@ pub async fn until_caught_up(config: &TestConfig) {
     .await;
 }
 
-/// Per partition of `topic`: its high watermark, and the offset `group` committed (0 if none).
-fn group_progress(bootstrap: &str, group: &str, topic: &str) -> (Vec<i64>, Vec<i64>) {
+/// Per partition of `topic`: its high watermark, and the offset the client's group committed
+/// (0 if none).
+fn group_progress(client: &BaseConsumer, topic: &str) -> Result<(Vec<i64>, Vec<i64>), String> {
     let timeout = Duration::from_secs(10);
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", group).create().expect("consumer");
-    let metadata = consumer.fetch_metadata(Some(topic), timeout).expect("metadata");
+    let metadata = client.fetch_metadata(Some(topic), timeout).map_err(|error| format!("metadata: {error}"))?;
     let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
+    if partitions.is_empty() {
+        return Err(format!("no partitions of {topic} yet"));
+    }
     let mut wanted = rdkafka::TopicPartitionList::new();
     for partition in &partitions {
         wanted.add_partition(topic, *partition);
     }
-    let committed = consumer.committed_offsets(wanted, timeout).expect("committed offsets");
-    partitions
-        .iter()
-        .map(|partition| {
-            let (_, end) = consumer.fetch_watermarks(topic, *partition, timeout).expect("watermarks");
-            let at = committed.find_partition(topic, *partition).and_then(|p| p.offset().to_raw()).unwrap_or(0);
-            (end, at.max(0))
-        })
-        .unzip()
+    let committed = client.committed_offsets(wanted, timeout).map_err(|error| format!("committed offsets: {error}"))?;
+    let mut progress = (Vec::new(), Vec::new());
+    for partition in &partitions {
+        let (_, end) =
+            client.fetch_watermarks(topic, *partition, timeout).map_err(|error| format!("watermarks: {error}"))?;
+        let at = committed.find_partition(topic, *partition).and_then(|p| p.offset().to_raw()).unwrap_or(0);
+        progress.0.push(end);
+        progress.1.push(at.max(0));
+    }
+    Ok(progress)
 }
 
 /// Waits until nothing more can arrive in `logs`: the agent holds no record (none waits to be
