@@ -4,13 +4,12 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_is_served_off_loopback_only_where_the_roles_key_enables_it() {
-    let pipeline = start_pipeline("adminconfig", 1, |config| {
-        config
-            .set("agent", "admin_listen", format!("0.0.0.0:{}", free_port()))
-            .set("persist", "admin_listen", format!("0.0.0.0:{}", free_port()))
-            .set("persist", "admin_config_endpoint", true);
-    })
-    .await;
+    let pipeline = Scenario::new("adminconfig")
+        .set("agent", "admin_listen", format!("0.0.0.0:{}", free_port()))
+        .set("persist", "admin_listen", format!("0.0.0.0:{}", free_port()))
+        .set("persist", "admin_config_endpoint", true)
+        .pipeline()
+        .await;
     let config = &pipeline.config;
     let (status, body) = http_get(config.agent_admin(), "/config").await.expect("agent /config");
     assert_eq!(status, 403, "{body}");

@@ -23,11 +23,19 @@ async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
     numbers_in(tag, &payloads)
 }
 
-/// Waits until `logs` holds `n` rows, then returns the stored numbers.
-async fn wait_for_numbers(db: &tokio_postgres::Client, tag: &str, n: u64) -> Vec<u64> {
-    wait_for_rows(db, n as i64, Duration::from_secs(240)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // late duplicates would show now
+/// Waits until `logs` holds `n` rows and nothing more can arrive (a late duplicate would show
+/// by then), then returns the stored numbers.
+async fn wait_for_numbers(config: &TestConfig, db: &tokio_postgres::Client, tag: &str, n: u64) -> Vec<u64> {
+    until_rows_within(db, n as i64, Duration::from_secs(240)).await;
+    until_nothing_left(config).await;
     stored_numbers(db, tag).await
+}
+
+/// Waits until Kafka has acknowledged a second's load (`rate` records) more than when asked:
+/// the load flows end to end.
+async fn ships_a_second_more(admin: std::net::SocketAddr, rate: u64) {
+    let delivered = scrape(admin).await.count(telemetry::SHIP_DELIVERED, &[]);
+    until_metric_at_least(admin, telemetry::SHIP_DELIVERED, &[], delivered + rate as f64).await;
 }
 
 fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
@@ -40,18 +48,15 @@ fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
     assert!(unexpected.is_empty(), "unexpected records {unexpected:?}");
 }
 
-/// The non-zero `sluice_*` series of a scrape, for a failure message.
-fn nonzero(metrics: &Metrics) -> String {
-    metrics.0.lines().filter(|l| l.starts_with("sluice_") && !l.ends_with(" 0")).collect::<Vec<_>>().join("\n")
-}
-
 impl BrokerPipeline {
     /// Waits until `logs` holds `n` rows. If it does not within 235 s, fails saying which
     /// numbers are missing and what the agent and the persister counted (their logs print too).
     async fn wait_for_rows_or_explain(&self, n: u64) {
-        let waited =
-            tokio::time::timeout(Duration::from_secs(235), wait_for_rows(&self.db, n as i64, Duration::from_secs(240)))
-                .await;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(235),
+            until_rows_within(&self.db, n as i64, Duration::from_secs(240)),
+        )
+        .await;
         if waited.is_ok() {
             return;
         }
@@ -91,17 +96,16 @@ struct BrokerPipeline {
     config: TestConfig,
 }
 
-async fn broker_pipeline(configure: impl FnOnce(&mut TestConfig)) -> BrokerPipeline {
-    let services = services();
+/// A two-partition topic on a private broker, the agent's delivery timeout 5 s, and what
+/// `scenario` adds; persister and agent started and ready.
+async fn broker_pipeline(scenario: impl FnOnce(Scenario) -> Scenario) -> BrokerPipeline {
     let broker = PrivateBroker::start().await;
-    let tag = unique("run");
-    create_topic(&broker.bootstrap, &tag, 2).await;
-    let mut config = TestConfig::new(&services, &tag);
-    config.set("kafka", "brokers", broker.bootstrap.clone()).set("ship", "delivery_timeout", "5s");
-    configure(&mut config);
-    let persister = start_persister(&config).await;
-    let agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let setup =
+        scenario(Scenario::new("run").partitions(2).on(&broker).set("ship", "delivery_timeout", "5s")).build().await;
+    let persister = setup.persister().await;
+    let agent = setup.agent().await;
+    let db = setup.db().await;
+    let Setup { topic: tag, config, .. } = setup;
     BrokerPipeline { broker, config, agent, _persister: persister, db, tag }
 }
 
@@ -109,30 +113,27 @@ async fn broker_pipeline(configure: impl FnOnce(&mut TestConfig)) -> BrokerPipel
 /// than that has its record dropped and counted (`block_timeout`): under full CI load, right after
 /// the broker returns, this happened (issue 12, item 15: 3,538 of 114,400, exactly the records
 /// missing from Kafka) — counted, so the tests check `sent = rows + drops`, not zero drops.
-fn disk(config: &mut TestConfig) {
-    let spool = config.dir.path().join("spool").display().to_string();
-    config
-        .set("buffer", "type", "disk")
-        .set("buffer", "path", spool)
-        .set("buffer", "max_bytes", "2 MiB")
-        .set("buffer", "max_disk_bytes", "256 MiB")
-        .listener("default", "max_record_size", "64 KiB");
+fn disk(scenario: Scenario) -> Scenario {
+    scenario.disk_buffer().set("buffer", "max_bytes", "2 MiB").set("buffer", "max_disk_bytes", "256 MiB").listener(
+        "default",
+        "max_record_size",
+        "64 KiB",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicates_nothing() {
     // The default delivery timeout (longer than the outage): librdkafka's own retries are
     // idempotent, so a duplicate in the topic can only be the agent's.
-    let mut p = broker_pipeline(|config| {
-        disk(config);
-        config.set("ship", "delivery_timeout", "2m");
-    })
-    .await;
+    let mut p = broker_pipeline(|scenario| disk(scenario).set("ship", "delivery_timeout", "2m")).await;
+    let admin = p.config.agent_admin();
     let load = Load::start(&p.config.socket(), &p.tag, 2000, 2);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    ships_a_second_more(admin, 2000).await;
     p.broker.stop().await;
+    // The time is the point: the outage lasts SLUICE_FAULT_SECONDS, and the oldest record's age
+    // is checked against it.
     tokio::time::sleep(outage()).await;
-    let during = scrape(p.config.agent_admin()).await;
+    let during = scrape(admin).await;
     assert!(
         during.count(telemetry::BUFFER_OLDEST_AGE, &[]) >= outage().as_secs_f64() - 5.0,
         "the oldest record has waited about as long as the outage:\n{}",
@@ -141,21 +142,17 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
     let (status, body) = http_get(p.config.agent_admin(), "/readyz").await.expect("readyz");
     assert_eq!((status, body.trim()), (200, "ready; kafka unreachable, records are buffered"));
     p.broker.resume().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The load goes on across the broker's return, until Kafka takes records again.
+    ships_a_second_more(admin, 2000).await;
     let sent = load.stop().await;
 
     // Every record written is a row, or was dropped and counted (a writer held past
     // block_timeout under load): `sent = rows + drops`, each row once.
-    let admin = p.config.agent_admin();
-    let dropped = eventually("every record read", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count(telemetry::INGEST_RECORDS, &[]) as u64 == sent)
-            .then(|| metrics.count(telemetry::BUFFER_DROPPED, &[]) as u64)
-    })
-    .await;
+    let metrics = until_metric(admin, telemetry::INGEST_RECORDS, &[], sent as f64).await;
+    let dropped = metrics.count(telemetry::BUFFER_DROPPED, &[]) as u64;
     let rows = sent - dropped;
     p.wait_for_rows_or_explain(rows).await;
-    let numbers = wait_for_numbers(&p.db, &p.tag, rows).await;
+    let numbers = wait_for_numbers(&p.config, &p.db, &p.tag, rows).await;
     let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
     assert_eq!((numbers.len() as u64, distinct.len() as u64), (rows, rows), "sent {sent} = rows + {dropped} dropped");
     assert!(distinct.iter().all(|n| *n < sent));
@@ -163,13 +160,11 @@ async fn a_broker_outage_under_load_with_a_disk_spool_loses_nothing_and_duplicat
         eprintln!("{dropped} of {sent} records dropped and counted (block_timeout) under this machine's load");
     }
     assert!(during.count(telemetry::SPOOL_RECORDS, &[]) > 1000.0, "the spool held the outage's records");
-    eventually("depth and age fall back once Kafka is back", || async {
-        let after = scrape(admin).await;
-        (after.count(telemetry::SPOOL_RECORDS, &[]) < 100.0 && after.count(telemetry::BUFFER_OLDEST_AGE, &[]) < 5.0)
-            .then_some(())
+    until_scrape(admin, "depth and age fall back once Kafka is back", |after| {
+        after.count(telemetry::SPOOL_RECORDS, &[]) < 100.0 && after.count(telemetry::BUFFER_OLDEST_AGE, &[]) < 5.0
     })
     .await;
-    let after = scrape(p.config.agent_admin()).await;
+    let after = scrape(admin).await;
     for reason in ["drop_newest", "drop_oldest", "corrupt"] {
         assert_eq!(after.count(telemetry::BUFFER_DROPPED, &[("reason", reason)]), 0.0, "{reason}");
     }
@@ -202,34 +197,34 @@ async fn assert_topic_holds_each_once(p: &BrokerPipeline, records: u64, agent: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_drop_exactly() {
-    let mut p = broker_pipeline(|config| {
-        config.set("buffer", "max_bytes", "1 MiB").set("buffer", "when_full", "drop_newest").listener(
+    let mut p = broker_pipeline(|scenario| {
+        scenario.set("buffer", "max_bytes", "1 MiB").set("buffer", "when_full", "drop_newest").listener(
             "default",
             "max_record_size",
             "64 KiB",
-        );
+        )
     })
     .await;
+    let admin = p.config.agent_admin();
     let load = Load::start(&p.config.socket(), &p.tag, 2000, 2);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    ships_a_second_more(admin, 2000).await;
     p.broker.stop().await;
+    // The time is the point: the outage lasts SLUICE_FAULT_SECONDS (far more than 1 MiB holds).
     tokio::time::sleep(outage()).await;
     p.broker.resume().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The load goes on across the broker's return, until Kafka takes records again.
+    ships_a_second_more(admin, 2000).await;
     let sent = load.stop().await;
 
-    let admin = p.config.agent_admin();
-    let (ingested, dropped) = eventually("every record read", || async {
-        let metrics = scrape(admin).await;
-        let ingested = metrics.count(telemetry::INGEST_RECORDS, &[]);
-        (ingested as u64 == sent)
-            .then(|| (ingested, metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")])))
-    })
-    .await;
+    let metrics = until_metric(admin, telemetry::INGEST_RECORDS, &[], sent as f64).await;
+    let (ingested, dropped) = (
+        metrics.count(telemetry::INGEST_RECORDS, &[]),
+        metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]),
+    );
     assert!(dropped > 0.0, "a 1 MiB buffer cannot hold a {}s outage", outage().as_secs());
     let rows = (ingested - dropped) as u64;
     p.wait_for_rows_or_explain(rows).await;
-    let numbers = wait_for_numbers(&p.db, &p.tag, rows).await;
+    let numbers = wait_for_numbers(&p.config, &p.db, &p.tag, rows).await;
     assert_eq!(numbers.len() as u64, rows, "sent {sent} = rows {} + dropped {dropped}", numbers.len());
     let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
     assert_eq!(distinct.len(), numbers.len(), "duplicate rows");
@@ -241,32 +236,32 @@ async fn a_broker_outage_under_load_with_memory_and_drop_newest_counts_every_dro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_acknowledged_record_survives_three_agent_kills_with_a_synced_spool() {
-    let services = services();
-    let topic = unique("killed");
-    create_topic(&services.kafka, &topic, 2).await;
-    let mut config = TestConfig::new(&services, &topic);
-    disk(&mut config);
-    config.set("buffer", "fsync", "always");
-    let _persister = start_persister(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    let mut agent = start_agent(&config).await;
-    let sender = AckedSender::start(&config.socket(), &topic, 1000);
+    let setup = disk(Scenario::new("killed").partitions(2)).set("buffer", "fsync", "always").build().await;
+    let (config, topic) = (&setup.config, &setup.topic);
+    let _persister = setup.persister().await;
+    let db = setup.db().await;
+    let mut agent = setup.agent().await;
+    let sender = AckedSender::start(&config.socket(), topic, 1000);
+    // Each agent is killed with a second's acknowledged load behind it (its own count: a new
+    // process starts at zero), and the last one takes a second's load too.
+    let a_seconds_load = || until_metric_at_least(config.agent_admin(), telemetry::INGEST_RECORDS, &[], 1000.0);
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        a_seconds_load().await;
         agent.kill();
-        agent = start_agent(&config).await;
+        agent = setup.agent().await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    a_seconds_load().await;
     let sent = sender.sent();
     let (acked, refused) = sender.stop(Duration::from_secs(10)).await;
     assert!(acked.len() > 1000, "only {} of {sent} records acknowledged", acked.len());
     assert!(refused.is_empty(), "refused {refused:?}");
 
     let tag = topic.clone();
-    let numbers = eventually("every acknowledged record stored", || async {
+    let numbers = until("every acknowledged record stored", || async {
         let numbers = stored_numbers(&db, &tag).await;
         let stored: BTreeSet<u64> = numbers.iter().copied().collect();
-        acked.is_subset(&stored).then_some(numbers)
+        let missing = acked.difference(&stored).count();
+        if missing == 0 { Ok(numbers) } else { Err(format!("{missing} of {} missing", acked.len())) }
     })
     .await;
     let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
@@ -276,15 +271,13 @@ async fn every_acknowledged_record_survives_three_agent_kills_with_a_synced_spoo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_after_restart() {
-    let mut p = broker_pipeline(|config| {
-        disk(config);
-        config.set("agent", "drain_timeout", "2s");
-    })
-    .await;
+    let mut p = broker_pipeline(|scenario| disk(scenario).set("agent", "drain_timeout", "2s")).await;
+    let admin = p.config.agent_admin();
     let load = Load::start(&p.config.socket(), &p.tag, 1000, 2);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    ships_a_second_more(admin, 1000).await;
     p.broker.stop().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A second's load waits in the spool while Kafka is away.
+    until_metric_at_least(admin, telemetry::SPOOL_RECORDS, &[], 1000.0).await;
     let sent = load.stop().await;
     p.agent.signal("TERM");
     let status = p.agent.wait(Duration::from_secs(30)).await;
@@ -294,8 +287,9 @@ async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_aft
     let first_log = p.agent.log_text();
     p.broker.resume().await;
     let second = start_agent(&p.config).await;
-    let _ =
-        tokio::time::timeout(Duration::from_secs(60), wait_for_rows(&p.db, sent as i64, Duration::from_secs(60))).await;
+    // Within 60 s, or the assertion below says which records are missing.
+    let all_rows = until_rows_within(&p.db, sent as i64, Duration::from_secs(90));
+    let _ = tokio::time::timeout(Duration::from_secs(60), all_rows).await;
     let numbers = stored_numbers(&p.db, &p.tag).await;
     let stored: BTreeSet<u64> = numbers.iter().copied().collect();
     let missing: Vec<u64> = (0..sent).filter(|n| !stored.contains(n)).take(5).collect();
@@ -308,40 +302,31 @@ async fn records_spooled_when_the_agent_stops_during_an_outage_are_delivered_aft
     assert_each_once(&numbers, 0..sent);
 }
 
-/// Runs an agent (`args`, on `config`'s socket) whose Kafka is unreachable until `n` records
-/// numbered with `tag` are in its spool, then stops it.
-async fn spool_and_stop(config: &TestConfig, args: &[&str], tag: &str, n: u64) {
-    let mut agent = Process::spawn("agent", args, config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+/// Runs an agent on `setup`'s config (its Kafka unreachable) until `n` records numbered with
+/// `tag` are in its spool, then stops it.
+async fn spool_and_stop(setup: &Setup, tag: &str, n: u64) {
+    let (_, mut agent) = setup.listening_agent().await;
     let lines: Vec<Vec<u8>> = (0..n).map(|i| numbered(tag, i).into_bytes()).collect();
-    send_lines(&config.socket(), &lines).await;
-    let admin = config.agent_admin();
-    eventually("spooled", || async {
-        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == n as f64).then_some(())
-    })
-    .await;
+    send_lines(&setup.config.socket(), &lines).await;
+    until_metric(setup.config.agent_admin(), telemetry::SPOOL_RECORDS, &[], n as f64).await;
     agent.signal("TERM");
     assert!(agent.wait(Duration::from_secs(20)).await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shipped() {
-    let services = services();
-    let topic = unique("corrupt");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    disk(&mut config);
-    config.set("buffer", "max_disk_bytes", "4 MiB");
+    let mut setup = disk(Scenario::new("corrupt")).set("buffer", "max_disk_bytes", "4 MiB").build().await;
+    let topic = setup.topic.clone();
 
     // First run: Kafka unreachable, so everything stays in the spool.
-    let mut offline = TestConfig::new(&services, &topic);
-    offline.table = config.table.clone();
-    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port())).set("agent", "drain_timeout", "1s");
-    let path = offline.write();
-    spool_and_stop(&config, &["agent", "--config", path.to_str().expect("path")], &topic, 300).await;
+    let (brokers, drain_timeout) =
+        (setup.config.table["kafka"]["brokers"].clone(), setup.config.table["agent"]["drain_timeout"].clone());
+    setup.config.set("kafka", "brokers", setup.unreachable_kafka()).set("agent", "drain_timeout", "1s");
+    spool_and_stop(&setup, &topic, 300).await;
+    setup.config.set("kafka", "brokers", brokers).set("agent", "drain_timeout", drain_timeout);
 
     // Flip bytes in the middle of the first segment.
-    let spool = config.dir.path().join("spool");
+    let spool = setup.spool();
     let mut segments: Vec<_> = std::fs::read_dir(&spool)
         .expect("spool dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -356,16 +341,17 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     std::fs::write(&segments[0], &data).expect("write");
 
     // Second run: starts, counts, quarantines, ships the rest.
-    let _persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let config = &setup.config;
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
     let metrics = scrape(config.agent_admin()).await;
     let corrupt = metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "corrupt")]);
     assert!(corrupt >= 1.0, "{}", metrics.0);
     let recovered = metrics.count(telemetry::SPOOL_RECOVERED, &[]) as i64;
     assert!((250..300).contains(&recovered), "recovered {recovered}");
     assert!(std::fs::read_dir(spool.join("quarantine")).expect("quarantine dir").count() >= 1);
-    wait_for_rows(&db, recovered, WAIT).await;
+    until_rows(&db, recovered).await;
     let numbers = stored_numbers(&db, &topic).await;
     let distinct: BTreeSet<u64> = numbers.iter().copied().collect();
     assert_eq!(distinct.len() as i64, recovered);
@@ -374,23 +360,27 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps_persister_memory_bounded() {
-    let services = services();
-    let topic = unique("pgdown");
-    create_topic(&services.kafka, &topic, 2).await;
-    let mut config = TestConfig::new(&services, &topic);
-    let pg_config: tokio_postgres::Config = services.pg.parse().expect("pg url");
+    let pg_config: tokio_postgres::Config = services().pg.parse().expect("pg url");
     let port = pg_config.get_ports().first().copied().unwrap_or(5432);
     let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
     let user = pg_config.get_user().unwrap_or("postgres");
     let database = pg_config.get_dbname().unwrap_or("sluice");
-    config.set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address));
-    let persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let setup = Scenario::new("pgdown")
+        .partitions(2)
+        .set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address))
+        .build()
+        .await;
+    let (config, topic) = (&setup.config, &setup.topic);
+    let persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
 
-    let load = Load::start(&config.socket(), &topic, 2000, 2);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let load = Load::start(&config.socket(), topic, 2000, 2);
+    // Rows flow through the proxy before it is cut.
+    until_rows(&db, 1000).await;
     proxy.cut();
+    // The time is the point: the outage lasts SLUICE_FAULT_SECONDS, the persister's memory
+    // sampled every 500 ms through it.
     let mut peak_rss = 0;
     let until = tokio::time::Instant::now() + outage();
     while tokio::time::Instant::now() < until {
@@ -403,18 +393,17 @@ async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps
     let lag: f64 = ["0", "1"].iter().map(|p| lagging.count(telemetry::PERSIST_LAG_RECORDS, &[("partition", p)])).sum();
     assert!(lag > 1000.0, "consumer lag rises while postgres is away:\n{}", lagging.0);
     proxy.restore();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The load goes on across the database's return, until the persister writes again.
+    let rows = row_count(&db).await;
+    until_rows(&db, rows + 1000).await;
     let sent = load.stop().await;
 
-    let numbers = wait_for_numbers(&db, &topic, sent).await;
+    let numbers = wait_for_numbers(config, &db, topic, sent).await;
     assert_each_once(&numbers, 0..sent);
     assert!(peak_rss < 200 * 1024, "persister RSS peaked at {peak_rss} KiB during the outage");
-    let admin = config.persist_admin();
-    eventually("lag falls back to 0", || async {
-        let metrics = scrape(admin).await;
-        let lag: f64 =
-            ["0", "1"].iter().map(|p| metrics.count(telemetry::PERSIST_LAG_RECORDS, &[("partition", p)])).sum();
-        (lag == 0.0).then_some(())
+    until_scrape(config.persist_admin(), "lag falls back to 0", |metrics| {
+        ["0", "1"].iter().map(|p| metrics.count(telemetry::PERSIST_LAG_RECORDS, &[("partition", p)])).sum::<f64>()
+            == 0.0
     })
     .await;
     let metrics = scrape(config.persist_admin()).await;
@@ -432,38 +421,52 @@ fn rss_kib(pid: i32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_one_of_three_persisters_under_load_hands_its_partitions_over_without_loss_or_duplicates() {
-    let services = services();
-    let topic = unique("group");
-    create_topic(&services.kafka, &topic, 6).await;
-    let config = TestConfig::new(&services, &topic);
-    let _first = start_persister(&config).await;
-    let mut second = start_persister(&config).await;
-    let _third = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
+    let setup = Scenario::new("group").partitions(6).build().await;
+    let (config, topic) = (&setup.config, &setup.topic);
+    // Three members of one group, each with an admin port of its own (on one config they
+    // shared it, and the second and third exited at once: the port was taken).
+    let (second_config, third_config) = (setup.group_member(), setup.group_member());
+    let _first = setup.persister().await;
+    let mut second = start_persister(&second_config).await;
+    let _third = start_persister(&third_config).await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
 
-    let load = Load::start(&config.socket(), &topic, 2000, 2);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let load = Load::start(&config.socket(), topic, 2000, 2);
+    // Every member has partitions and has stored rows of the load when one is killed.
+    for member in [config, &second_config, &third_config] {
+        until_scrape(member.persist_admin(), "a member with partitions that stores rows", |metrics| {
+            metrics.count(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]) >= 1.0
+                && metrics.count(telemetry::PERSIST_ROWS, &[]) >= 1.0
+        })
+        .await;
+    }
     second.kill();
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The survivors take its partitions over (once its session times out) and store the load.
+    let assigned = |metrics: &Metrics| metrics.count(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]);
+    until("the survivors to hold all six partitions", || async {
+        let held =
+            assigned(&scrape(config.persist_admin()).await) + assigned(&scrape(third_config.persist_admin()).await);
+        if held == 6.0 { Ok(()) } else { Err(format!("{held} partitions")) }
+    })
+    .await;
+    let rows = row_count(&db).await;
+    until_rows(&db, rows + 2000).await;
     let sent = load.stop().await;
-    let numbers = wait_for_numbers(&db, &topic, sent).await;
+    let numbers = wait_for_numbers(config, &db, topic, sent).await;
     assert_each_once(&numbers, 0..sent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() {
-    let pipeline = start_pipeline("poison", 1, |_| {}).await;
+    let pipeline = Scenario::new("poison").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     // A literal NUL byte is refused at the socket (reason="contains_nul"); an escaped one in JSON
     // is valid JSON and reaches the persister, which PostgreSQL cannot store.
     let lines = vec![b"before".to_vec(), br#"{"msg":"nul \u0000 inside"}"#.to_vec(), b"after".to_vec()];
     send_lines(&config.socket(), &lines).await;
-    wait_for_rows(db, 2, WAIT).await;
-    let letter = eventually("dead letter", || async {
-        db.query_one("SELECT reason, kafka_offset FROM dead_letters", &[]).await.ok()
-    })
-    .await;
+    until_rows(db, 2).await;
+    let letter = until("a dead letter", || db.query_one("SELECT reason, kafka_offset FROM dead_letters", &[])).await;
     assert_eq!(letter.get::<_, String>(0), "contains_nul");
     assert_eq!(letter.get::<_, i64>(1), 1);
     let payloads: Vec<String> = db
@@ -478,18 +481,15 @@ async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours_are_stored() {
-    let pipeline = start_pipeline("rejected", 1, |config| _ = config.set("persist", "batch_max_wait", "1s")).await;
+    let pipeline = Scenario::new("rejected").set("persist", "batch_max_wait", "1s").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     // A constraint this record breaks, as a schema change by a DBA might.
     db.batch_execute("ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (message IS DISTINCT FROM 'boom')")
         .await
         .expect("constraint");
     send_lines(&config.socket(), &[b"before".to_vec(), b"boom".to_vec(), b"after".to_vec()]).await;
-    wait_for_rows(db, 2, WAIT).await;
-    let letter = eventually("dead letter", || async {
-        db.query_one("SELECT reason, error, payload FROM dead_letters", &[]).await.ok()
-    })
-    .await;
+    until_rows(db, 2).await;
+    let letter = until("a dead letter", || db.query_one("SELECT reason, error, payload FROM dead_letters", &[])).await;
     assert_eq!(letter.get::<_, String>(0), "rejected_by_postgres");
     assert!(letter.get::<_, String>(1).contains("no_boom"), "{}", letter.get::<_, String>(1));
     assert_eq!(letter.get::<_, Vec<u8>>(2), b"boom");
@@ -501,32 +501,29 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
         .map(|r| r.get(0))
         .collect();
     assert_eq!(payloads, vec!["before", "after"]);
-    wait_for_count(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &[("reason", "rejected_by_postgres")], 1.0)
-        .await;
+    let rejected = [("reason", "rejected_by_postgres")];
+    until_metric(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &rejected, 1.0).await;
 }
 
 /// An agent whose Kafka never answers, with a 1 MiB spool: only the cap's policy decides.
-async fn full_spool(when_full: &str) -> (TestConfig, Process) {
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("full"));
-    disk(&mut config);
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+async fn full_spool(when_full: &str) -> (Setup, Process) {
+    let setup = disk(Scenario::new("full").kafka_unreachable())
         .set("buffer", "max_disk_bytes", "1 MiB")
         // More memory than disk: whatever the spool writer's pace, the cap is what fills first.
         .set("buffer", "max_bytes", "8 MiB")
         .set("buffer", "when_full", when_full)
         .listener("default", "max_record_size", "8 KiB")
-        .set("agent", "drain_timeout", "1s");
-    let path = config.write();
-    let agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
-    (config, agent)
+        .set("agent", "drain_timeout", "1s")
+        .build()
+        .await;
+    let (_, agent) = setup.listening_agent().await;
+    (setup, agent)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_record() {
-    let (config, _agent) = full_spool("drop_newest").await;
+    let (setup, _agent) = full_spool("drop_newest").await;
+    let config = &setup.config;
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("full", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
@@ -540,15 +537,14 @@ async fn a_full_spool_under_drop_newest_keeps_reading_and_accounts_for_every_rec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segments() {
-    let (config, _agent) = full_spool("drop_oldest").await;
+    let (setup, _agent) = full_spool("drop_oldest").await;
+    let config = &setup.config;
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("full", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
-    let metrics = eventually("oldest dropped", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0
-            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_oldest")]) > 0.0)
-            .then_some(metrics)
+    let metrics = until_scrape(admin, "oldest dropped", |metrics| {
+        metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0
+            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_oldest")]) > 0.0
     })
     .await;
     assert!(metrics.count(telemetry::SPOOL_BYTES, &[]) <= (1024 * 1024) as f64);
@@ -558,13 +554,11 @@ async fn a_full_spool_under_drop_oldest_keeps_reading_and_drops_the_oldest_segme
 /// Waits until the agent has read `n` records and each is either in the spool or dropped by
 /// `drop_newest`; the scrape that showed it.
 async fn every_record_spooled_or_dropped(admin: std::net::SocketAddr, n: f64) -> Metrics {
-    eventually("all records accounted", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count(telemetry::INGEST_RECORDS, &[]) == n
+    until_scrape(admin, "all records accounted", |metrics| {
+        metrics.count(telemetry::INGEST_RECORDS, &[]) == n
             && metrics.count(telemetry::SPOOL_RECORDS, &[])
                 + metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")])
-                == n)
-            .then_some(metrics)
+                == n
     })
     .await
 }
@@ -595,20 +589,17 @@ impl Drop for TinyFilesystem {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_the_agent() {
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("enospc"));
-    disk(&mut config);
-    let filesystem = TinyFilesystem::mount(config.dir.path().join("spool"), "1m");
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+    let setup = disk(Scenario::new("enospc").kafka_unreachable())
         .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
         .set("buffer", "max_bytes", "8 MiB") // more memory than disk, so the disk fills first
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "8 KiB")
-        .set("agent", "drain_timeout", "1s");
-    let path = config.write();
-    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+        .set("agent", "drain_timeout", "1s")
+        .build()
+        .await;
+    let filesystem = TinyFilesystem::mount(setup.spool(), "1m");
+    let config = &setup.config;
+    let (_, mut agent) = setup.listening_agent().await;
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("enospc", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
@@ -643,21 +634,17 @@ fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
 /// new records while the disk stays full, and spool again once there is room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_until_there_is_room() {
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("fullstart"));
-    disk(&mut config);
-    let spool = config.dir.path().join("spool");
-    let filesystem = TinyFilesystem::mount(spool.clone(), "1m");
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+    let setup = disk(Scenario::new("fullstart").kafka_unreachable())
         .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
         .set("buffer", "when_full", "drop_newest")
-        .set("agent", "drain_timeout", "1s");
-    let path = config.write();
-    let args = ["agent", "--config", path.to_str().expect("path")];
+        .set("agent", "drain_timeout", "1s")
+        .build()
+        .await;
+    let (config, spool) = (&setup.config, setup.spool());
+    let filesystem = TinyFilesystem::mount(spool.clone(), "1m");
 
     // First run: Kafka unreachable, so 300 records stay in the spool.
-    spool_and_stop(&config, &args, "fullstart", 300).await;
+    spool_and_stop(&setup, "fullstart", 300).await;
     let admin = config.agent_admin();
 
     // Damage the segment in its middle (a repair needs room for a copy), then fill the disk.
@@ -675,13 +662,9 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let filler = fill_disk(&spool);
 
     // Second run, on the full disk: it comes up and serves.
-    let mut agent = Process::spawn("agent", &args, config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
-    let recovered = eventually("recovered", || async {
-        let recovered = scrape(admin).await.count(telemetry::SPOOL_RECOVERED, &[]);
-        (recovered > 0.0).then_some(recovered)
-    })
-    .await;
+    let (_, mut agent) = setup.listening_agent().await;
+    let recovered =
+        until_metric_at_least(admin, telemetry::SPOOL_RECOVERED, &[], 1.0).await.count(telemetry::SPOOL_RECOVERED, &[]);
     assert!((250.0..300.0).contains(&recovered), "recovered {recovered}");
     assert_eq!(http_get(admin, "/healthz").await.expect("healthz").0, 200);
     assert!(agent.running(), "a full disk at start must not stop the agent");
@@ -692,11 +675,7 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     // New records meet the full disk: `when_full` decides, and counts.
     let more: Vec<Vec<u8>> = (300..500).map(|n| numbered("fullstart", n).into_bytes()).collect();
     send_lines(&config.socket(), &more).await;
-    let metrics = eventually("dropped by policy", || async {
-        let metrics = scrape(admin).await;
-        (metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]) == 200.0).then_some(metrics)
-    })
-    .await;
+    let metrics = until_metric(admin, telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")], 200.0).await;
     assert!(metrics.count(telemetry::SPOOL_ERRORS, &[("op", "write")]) >= 1.0, "{}", metrics.0);
 
     // Room again: records are spooled again.
@@ -710,11 +689,9 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
             + metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "corrupt")])
     };
     let held_before = held(&metrics);
-    eventually("spooled again", || async {
-        let metrics = scrape(admin).await;
-        (held(&metrics) >= held_before + 200.0
-            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]) == 200.0)
-            .then_some(())
+    until_scrape(admin, "spooled again", |metrics| {
+        held(metrics) >= held_before + 200.0
+            && metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]) == 200.0
     })
     .await;
     assert!(agent.running());

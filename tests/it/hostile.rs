@@ -2,7 +2,7 @@
 //! refused and counted, connection limits and the peer allowlist hold, slow writers hold only
 //! their read buffer, and rate limits slow or drop exactly the writer over them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,17 +26,9 @@ async fn connect(socket: &Path) -> UnixStream {
     within(WAIT, "connect", UnixStream::connect(socket)).await.expect("connect")
 }
 
-async fn wait_for_metric(config: &TestConfig, name: &str, labels: &[(&str, &str)], value: f64) {
-    eventually(&format!("{name}{labels:?} = {value}"), || async {
-        let seen = scrape(config.agent_admin()).await.count(name, labels);
-        (seen == value).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_flowing() {
-    let pipeline = start_pipeline("hostile", 1, |config| _ = config.set("ingest", "max_json_depth", 8)).await;
+    let pipeline = Scenario::new("hostile").set("ingest", "max_json_depth", 8).pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     let mut neighbour = connect(&config.socket()).await;
@@ -51,9 +43,9 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
     neighbour.write_all(b"neighbour 2\n").await.expect("write");
     neighbour.shutdown().await.expect("close");
 
-    wait_for_rows(db, 3, WAIT).await;
+    until_rows(db, 3).await;
     let rejected = |reason| ("reason", reason);
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &[rejected("contains_nul")], 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &[rejected("contains_nul")], 1.0).await;
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("too_deep")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("invalid_utf8")]), 1.0);
@@ -71,11 +63,13 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
     let mut socket = None;
-    let pipeline = start_pipeline("octets", 1, |config| {
-        socket = Some(config.add_listener("octets", "octet_counted"));
-        config.listener("octets", "max_record_size", "1 KiB");
-    })
-    .await;
+    let pipeline = Scenario::new("octets")
+        .with(|config| {
+            socket = Some(config.add_listener("octets", "octet_counted"));
+            config.listener("octets", "max_record_size", "1 KiB");
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let socket = socket.expect("socket");
     let malformed = [("listener", "octets"), ("reason", "malformed")];
@@ -84,7 +78,7 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
     let mut garbage = connect(&socket).await;
     garbage.write_all(b"5 fine!hello world").await.expect("write");
     closed_by_agent(&mut garbage).await;
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &malformed, 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &malformed, 1.0).await;
 
     // A declared length of 4 GiB: skipped as it arrives, never held, then cut short.
     let mut huge = connect(&socket).await;
@@ -95,14 +89,14 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
     let metrics = scrape(config.agent_admin()).await;
     assert!(metrics.count(telemetry::INGEST_READ_BUFFER_BYTES, &[("listener", "octets")]) <= 1024.0);
     drop(huge);
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &malformed, 2.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &malformed, 2.0).await;
 
     // An overlong body is skipped and the connection goes on.
     let mut overlong = connect(&socket).await;
     let body = "y".repeat(5000);
     overlong.write_all(format!("{} {body}5 after", body.len()).as_bytes()).await.expect("write");
     overlong.shutdown().await.expect("close");
-    wait_for_rows(db, 2, WAIT).await;
+    until_rows(db, 2).await;
     let too_large = [("listener", "octets"), ("reason", "too_large")];
     assert_eq!(scrape(config.agent_admin()).await.count(telemetry::INGEST_REJECTED, &too_large), 1.0);
 }
@@ -110,11 +104,13 @@ async fn octet_counted_streams_that_cannot_be_framed_are_counted_and_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
     let mut socket = None;
-    let pipeline = start_pipeline("fwd-hostile", 1, |config| {
-        socket = Some(config.add_listener("fluent", "forward"));
-        config.listener("fluent", "max_record_size", "64 KiB");
-    })
-    .await;
+    let pipeline = Scenario::new("fwd-hostile")
+        .with(|config| {
+            socket = Some(config.add_listener("fluent", "forward"));
+            config.listener("fluent", "max_record_size", "64 KiB");
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let socket = socket.expect("socket");
     let rejected = |reason| [("listener", "fluent"), ("reason", reason)];
@@ -134,14 +130,14 @@ async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
     wrong_shape.write_all(&[0xa3, b'a', b'b', b'c']).await.expect("write");
     wrong_shape.write_all(&message("after a wrong shape")).await.expect("write");
     wrong_shape.shutdown().await.expect("close");
-    wait_for_rows(db, 1, WAIT).await;
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 1.0).await;
+    until_rows(db, 1).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &rejected("malformed"), 1.0).await;
 
     // The marker msgpack never uses: the stream is lost, the connection closed.
     let mut bad_marker = connect(&socket).await;
     bad_marker.write_all(&[0x93, 0xc1]).await.expect("write");
     closed_by_agent(&mut bad_marker).await;
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 2.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &rejected("malformed"), 2.0).await;
 
     // A declared 4 GiB string is skipped as it arrives; a writer that leaves mid-message is
     // counted.
@@ -153,16 +149,16 @@ async fn forward_garbage_is_counted_and_only_an_unframeable_stream_is_closed() {
     let metrics = scrape(config.agent_admin()).await;
     assert!(metrics.count(telemetry::INGEST_READ_BUFFER_BYTES, &[("listener", "fluent")]) <= 64.0 * 1024.0 + 1.0);
     drop(huge);
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("malformed"), 3.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &rejected("malformed"), 3.0).await;
 
     // Nesting deeper than max_json_depth + 3 containers cannot be delimited safely: closed.
     let mut deep = connect(&socket).await;
     deep.write_all(&[0x91; 100]).await.expect("write");
     closed_by_agent(&mut deep).await;
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &rejected("too_deep"), 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &rejected("too_deep"), 1.0).await;
 
     send_forward(&socket, &message("still served")).await;
-    wait_for_rows(db, 2, WAIT).await;
+    until_rows(db, 2).await;
 }
 
 async fn send_forward(socket: &Path, bytes: &[u8]) {
@@ -173,63 +169,64 @@ async fn send_forward(socket: &Path, bytes: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_max_connections_are_closed_at_once_and_counted() {
-    let pipeline = start_pipeline("maxconn", 1, |config| _ = config.listener("default", "max_connections", 2)).await;
+    let pipeline = Scenario::new("maxconn").listener("default", "max_connections", 2).pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let mut first = connect(&config.socket()).await;
     let _second = connect(&config.socket()).await;
     first.write_all(b"from the first\n").await.expect("write");
-    wait_for_rows(db, 1, WAIT).await;
+    until_rows(db, 1).await;
 
     let mut third = connect(&config.socket()).await;
     closed_by_agent(&mut third).await;
     let refused = [("listener", "default"), ("reason", "max_connections")];
-    wait_for_metric(config, telemetry::INGEST_REFUSED, &refused, 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REFUSED, &refused, 1.0).await;
 
     drop(first);
-    wait_for_metric(config, telemetry::INGEST_CONNECTIONS_OPEN, &[], 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_CONNECTIONS_OPEN, &[], 1.0).await;
     send_lines(&config.socket(), &[b"room again".to_vec()]).await;
-    wait_for_rows(db, 2, WAIT).await;
+    until_rows(db, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_outside_the_allowlist_is_closed_and_counted() {
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).expect("own uid");
     let mut allowed = None;
-    let pipeline = start_pipeline("peers", 1, |config| {
-        config.listener("default", "allow_uids", vec![toml::Value::from(i64::from(uid) + 1)]);
-        allowed = Some(config.add_listener("mine", "lines"));
-        config.listener("mine", "allow_uids", vec![toml::Value::from(i64::from(uid))]);
-    })
-    .await;
+    let pipeline = Scenario::new("peers")
+        .with(|config| {
+            config.listener("default", "allow_uids", vec![toml::Value::from(i64::from(uid) + 1)]);
+            allowed = Some(config.add_listener("mine", "lines"));
+            config.listener("mine", "allow_uids", vec![toml::Value::from(i64::from(uid))]);
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     let mut denied = connect(&config.socket()).await;
     let _ = denied.write_all(b"not allowed\n").await;
     closed_by_agent(&mut denied).await;
     let refused = [("listener", "default"), ("reason", "peer_denied")];
-    wait_for_metric(config, telemetry::INGEST_REFUSED, &refused, 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REFUSED, &refused, 1.0).await;
 
     send_lines(&allowed.expect("socket"), &[b"allowed".to_vec()]).await;
-    wait_for_rows(db, 1, WAIT).await;
+    until_rows(db, 1).await;
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 1.0, "nothing from the denied peer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_closed_after_idle_timeout() {
-    let pipeline = start_pipeline("idle", 1, |config| _ = config.listener("default", "idle_timeout", "1s")).await;
+    let pipeline = Scenario::new("idle").listener("default", "idle_timeout", "1s").pipeline().await;
     let config = &pipeline.config;
     let mut idle = connect(&config.socket()).await;
     idle.write_all(b"one record, then silence\n").await.expect("write");
     closed_by_agent(&mut idle).await;
-    wait_for_metric(config, telemetry::INGEST_IDLE_CLOSED, &[("listener", "default")], 1.0).await;
-    wait_for_rows(&pipeline.db, 1, WAIT).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_IDLE_CLOSED, &[("listener", "default")], 1.0).await;
+    until_rows(&pipeline.db, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_writers_hold_only_their_read_buffer_and_others_flow() {
-    let pipeline =
-        start_pipeline("slowloris", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let pipeline = Scenario::new("slowloris").listener("default", "max_record_size", "1 KiB").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let mut slow = Vec::new();
     for _ in 0..10 {
@@ -238,77 +235,89 @@ async fn slowloris_writers_hold_only_their_read_buffer_and_others_flow() {
         slow.push(stream);
     }
     // Ten partial records of 500 bytes are held, exactly.
-    wait_for_metric(config, telemetry::INGEST_READ_BUFFER_BYTES, &[], 5000.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], 5000.0).await;
     send_lines(&config.socket(), &[b"a busy neighbour".to_vec()]).await;
-    wait_for_rows(db, 1, WAIT).await;
+    until_rows(db, 1).await;
     // Past max_record_size nothing more is held: the records are being discarded.
     for stream in &mut slow {
         stream.write_all(&[b's'; 600]).await.expect("write");
     }
-    wait_for_metric(config, telemetry::INGEST_READ_BUFFER_BYTES, &[], 0.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], 0.0).await;
     for stream in &mut slow {
         stream.write_all(b"\n").await.expect("write");
     }
-    wait_for_metric(config, telemetry::INGEST_REJECTED, &[("reason", "too_large")], 10.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &[("reason", "too_large")], 10.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttle_slows_only_the_connection_over_its_rate() {
-    let pipeline = start_pipeline("throttle", 1, |config| {
-        config.listener("default", "rate_limit", toml::toml! { records_per_second = 20 });
-    })
-    .await;
+    let pipeline = Scenario::new("throttle")
+        .with(|config| {
+            config.listener("default", "rate_limit", toml::toml! { records_per_second = 20 });
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     // 200 records at 20/s take about nine seconds to be read...
     let flood: Vec<Vec<u8>> = (0..200).map(|n| format!("flood {n}").into_bytes()).collect();
     let socket = config.socket();
     let flooding = tokio::spawn(async move { send_lines(&socket, &flood).await });
-    eventually("the flood is throttled", || async {
-        (scrape(config.agent_admin()).await.count(telemetry::INGEST_THROTTLED, &[]) >= 1.0).then_some(())
-    })
-    .await;
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_THROTTLED, &[], 1.0).await;
     // ...while a neighbour's records go straight through.
     send_lines(&config.socket(), &[b"neighbour a".to_vec(), b"neighbour b".to_vec()]).await;
-    eventually("the neighbour's records", || async {
-        let rows = db.query("SELECT 1 FROM logs WHERE payload LIKE 'neighbour%'", &[]).await.ok()?;
-        (rows.len() == 2).then_some(())
+    until("the neighbour's records", || async {
+        let rows =
+            db.query("SELECT 1 FROM logs WHERE payload LIKE 'neighbour%'", &[]).await.map_err(|e| e.to_string())?;
+        if rows.len() == 2 { Ok(()) } else { Err(format!("{} of them", rows.len())) }
     })
     .await;
     let flooded = db.query_one("SELECT count(*) FROM logs WHERE payload LIKE 'flood%'", &[]).await.expect("count");
     assert!(flooded.get::<_, i64>(0) < 200, "the flood is still being throttled when the neighbour is done");
 
     within(WAIT, "the flood", flooding).await.expect("flood task");
-    wait_for_rows(db, 202, WAIT).await;
+    until_rows(db, 202).await;
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "rate_limited")]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_counts_every_rate_limited_record_exactly() {
-    let pipeline = start_pipeline("ratedrop", 1, |config| {
-        let limit = toml::toml! { records_per_second = 1
-        burst = "5s"
-        action = "drop" };
-        config.listener("default", "rate_limit", limit);
-    })
-    .await;
+    let pipeline = Scenario::new("ratedrop")
+        .with(|config| {
+            let limit = toml::toml! { records_per_second = 1
+            burst = "5s"
+            action = "drop" };
+            config.listener("default", "rate_limit", limit);
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let lines: Vec<Vec<u8>> = (0..50).map(|n| format!("record {n}").into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
 
-    let (accepted, dropped) = eventually("every record accounted for", || async {
-        let metrics = scrape(config.agent_admin()).await;
-        let accepted = metrics.count(telemetry::INGEST_RECORDS, &[]);
-        let dropped = metrics.count(telemetry::INGEST_REJECTED, &[("reason", "rate_limited")]);
-        (accepted + dropped == 50.0).then_some((accepted, dropped))
+    let rate_limited = [("reason", "rate_limited")];
+    let metrics = until_scrape(config.agent_admin(), "every record accounted for", |metrics| {
+        metrics.count(telemetry::INGEST_RECORDS, &[]) + metrics.count(telemetry::INGEST_REJECTED, &rate_limited) == 50.0
     })
     .await;
+    let (accepted, dropped) =
+        (metrics.count(telemetry::INGEST_RECORDS, &[]), metrics.count(telemetry::INGEST_REJECTED, &rate_limited));
     assert!((5.0..10.0).contains(&accepted), "the burst of 5 (plus what refilled meanwhile) got through: {accepted}");
-    assert_eq!(wait_for_rows(db, accepted as i64, WAIT).await, accepted as i64);
+    assert_eq!(until_rows(db, accepted as i64).await, accepted as i64);
     assert!(dropped > 40.0);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_nothing_left(config).await;
     assert_eq!(row_count(db).await, accepted as i64, "dropped records are not stored");
+}
+
+/// The agent's resident memory once it idles: its tasks started, its gauges published and its
+/// first attempt to reach Kafka made (`sluice_kafka_reachable` is set by that attempt).
+async fn idle_rss_kib(agent: &Process, admin: std::net::SocketAddr) -> u64 {
+    until_scrape(admin, "the agent idles", |metrics| {
+        metrics.has(telemetry::KAFKA_REACHABLE) && metrics.has(telemetry::BUFFER_CAPACITY_BYTES)
+    })
+    .await;
+    vm_kib(agent.pid(), "VmRSS:")
 }
 
 fn vm_kib(pid: i32, field: &str) -> u64 {
@@ -332,18 +341,17 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
     const SLOWLORIS: usize = 150;
     const ACKED: usize = 20;
     const FLOODS: usize = 10;
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("hostile_rss"));
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+    let setup = Scenario::new("hostile_rss")
+        .kafka_unreachable()
         .set("buffer", "max_bytes", "8 MiB")
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "256 KiB")
-        .listener("default", "max_connections", 400);
-    let path = config.write();
-    let agent = config.spawn_agent_at(&path).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_kib = vm_kib(agent.pid(), "VmRSS:");
+        .listener("default", "max_connections", 400)
+        .build()
+        .await;
+    let config = &setup.config;
+    let (_, agent) = setup.listening_agent().await;
+    let idle_kib = idle_rss_kib(&agent, config.agent_admin()).await;
     let socket = config.socket();
 
     let mut held = Vec::new();
@@ -385,7 +393,10 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
     for writer in writers {
         held.push(within(Duration::from_secs(60), "writers", writer).await.expect("writer"));
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The peak is taken once the agent has read all it will from its peers: the floods are read
+    // to the end (drop_newest never holds them), the others are held at their bounds.
+    until_settled(config.agent_admin(), telemetry::INGEST_RECORDS, &[]).await;
+    until_settled(config.agent_admin(), telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]).await;
     let peak_kib = vm_kib(agent.pid(), "VmHWM:");
 
     let connections = (SLOWLORIS + ACKED + FLOODS) as u64;
@@ -418,21 +429,20 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
 async fn compressed_forward_messages_waiting_for_a_full_buffer_are_not_all_held_inflated() {
     use rmpv::Value;
     const PEERS: usize = 60;
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("inflate_rss"));
-    let socket = config.add_listener("fwd", "forward");
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+    let mut socket = PathBuf::new();
+    let setup = Scenario::new("inflate_rss")
+        .kafka_unreachable()
+        .with(|config| socket = config.add_listener("fwd", "forward"))
         .set("buffer", "max_bytes", "5 MiB")
         .set("buffer", "when_full", "block")
         .set("buffer", "block_timeout", "forever")
         .set("agent", "drain_timeout", "1s")
-        .listener("fwd", "max_record_size", "1 MiB");
-    let path = config.write();
-    let agent = config.spawn_agent_at(&path).await;
-    eventually("socket appears", || async { socket.exists().then_some(()) }).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle_kib = vm_kib(agent.pid(), "VmRSS:");
+        .listener("fwd", "max_record_size", "1 MiB")
+        .build()
+        .await;
+    let (_, agent) = setup.listening_agent().await;
+    let admin = setup.config.agent_admin();
+    let idle_kib = idle_rss_kib(&agent, admin).await;
 
     // 900 events of about 1 KiB: 0.9 MiB inflated from a few KiB.
     let mut stream = Vec::new();
@@ -457,7 +467,8 @@ async fn compressed_forward_messages_waiting_for_a_full_buffer_are_not_all_held_
         held.push(stream);
     }
     // Every peer's message is read at once; the buffer fills, and they all wait.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    until_metric(admin, telemetry::INGEST_CONNECTIONS_OPEN, &[], PEERS as f64).await;
+    until_settled(admin, telemetry::INGEST_RECORDS, &[]).await;
     let peak_kib = vm_kib(agent.pid(), "VmHWM:");
     let grown_kib = peak_kib.saturating_sub(idle_kib);
     // Four inflated streams, the budget (and librdkafka's share of it), slack; not forty streams.

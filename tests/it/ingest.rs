@@ -5,8 +5,7 @@ use sluice::telemetry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_the_connection() {
-    let pipeline =
-        start_pipeline("reject", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let pipeline = Scenario::new("reject").listener("default", "max_record_size", "1 KiB").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     let lines = vec![
@@ -18,7 +17,7 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
         vec![b'y'; 1024],
     ];
     send_lines(&config.socket(), &lines).await;
-    wait_for_rows(db, 3, WAIT).await;
+    until_rows(db, 3).await;
 
     let payloads: Vec<String> = db
         .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
@@ -39,7 +38,7 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
-    let pipeline = start_pipeline("slow", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let pipeline = Scenario::new("slow").listener("default", "max_record_size", "1 KiB").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     // One connection dribbles bytes and never ends its record...
@@ -50,15 +49,11 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
     }
     // ...while another one is served normally.
     send_lines(&config.socket(), &[b"quick".to_vec()]).await;
-    wait_for_rows(db, 1, WAIT).await;
+    until_rows(db, 1).await;
     // The slow one's 2000 bytes exceeded the limit: rejected once its newline comes.
     slow.write_all(b"\n").await.expect("write");
     slow.shutdown().await.expect("close");
-    eventually("too_large counted", || async {
-        let metrics = scrape(config.agent_admin()).await;
-        (metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]) == 1.0).then_some(())
-    })
-    .await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &[("reason", "too_large")], 1.0).await;
 }
 
 /// Issue 12, item 2: every message is sized to fit the buffer and librdkafka; a text line whose
@@ -66,12 +61,11 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
 /// as `too_large` instead of waiting forever for room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_large() {
-    let pipeline =
-        start_pipeline("escaped", 1, |config| _ = config.listener("default", "max_record_size", "1 KiB")).await;
+    let pipeline = Scenario::new("escaped").listener("default", "max_record_size", "1 KiB").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let quotes = vec![b'"'; 1024]; // escapes to 2 KiB: within the bound
     send_lines(&config.socket(), &[vec![0x01; 1024], quotes.clone(), b"after".to_vec()]).await;
-    wait_for_rows(db, 2, WAIT).await;
+    until_rows(db, 2).await;
     let payloads: Vec<String> = db
         .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
         .await

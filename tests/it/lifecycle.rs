@@ -8,54 +8,45 @@ use sluice::telemetry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_replaces_a_stale_socket_and_sets_its_mode() {
-    let services = services();
-    let topic = unique("stale");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.listener("default", "socket_mode", "0600");
+    let setup = Scenario::new("stale").listener("default", "socket_mode", "0600").build().await;
+    let socket = setup.config.socket();
     // A socket file left behind by a crashed agent: bound, then closed without unlinking.
-    drop(std::os::unix::net::UnixListener::bind(config.socket()).expect("bind"));
-    let _agent = start_agent(&config).await;
-    let mode = std::fs::metadata(config.socket()).expect("socket").permissions().mode() & 0o777;
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    let _agent = setup.agent().await;
+    let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_drains_its_buffer_to_kafka_on_sigterm_and_exits_zero() {
-    let services = services();
-    let topic = unique("drain");
-    create_topic(&services.kafka, &topic, 2).await;
-    let mut config = TestConfig::new(&services, &topic);
     // A long linger keeps records in the buffer when SIGTERM arrives.
-    config.set("ship", "linger", "2s");
-    let mut agent = start_agent(&config).await;
+    let setup = Scenario::new("drain").partitions(2).set("ship", "linger", "2s").build().await;
+    let mut agent = setup.agent().await;
     let lines: Vec<Vec<u8>> = (0..5000).map(|i| format!("drain me {i}").into_bytes()).collect();
-    send_lines(&config.socket(), &lines).await;
+    send_lines(&setup.config.socket(), &lines).await;
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(status.success(), "exit status {status:?}; log:\n{}", agent.log_text());
     assert!(agent.log_text().contains("every accepted record was acknowledged"), "{}", agent.log_text());
-    assert!(!config.socket().exists(), "the socket file is removed on exit");
+    assert!(!setup.config.socket().exists(), "the socket file is removed on exit");
 
     // Everything the agent accepted is in Kafka: the persister finds all of it.
-    let _persister = start_persister(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    assert_eq!(wait_for_rows(&db, 5000, WAIT).await, 5000);
+    let _persister = setup.persister().await;
+    assert_eq!(until_rows(&setup.db().await, 5000).await, 5000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_unreachable() {
-    let services = services();
-    let mut config = TestConfig::new(&services, &unique("nobroker"));
-    config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+    let setup = Scenario::new("nobroker")
+        .kafka_unreachable()
         .set("buffer", "max_bytes", "64 KiB")
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "1 KiB")
-        .set("agent", "drain_timeout", "1s");
-    let path = config.write();
-    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket appears", || async { config.socket().exists().then_some(()) }).await;
+        .set("agent", "drain_timeout", "1s")
+        .build()
+        .await;
+    let (_, mut agent) = setup.listening_agent().await;
+    let config = &setup.config;
 
     // Far more than the buffer holds: the writer must never be held up.
     let lines: Vec<Vec<u8>> =
@@ -65,12 +56,9 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
 
     let (status, body) = http_get(config.agent_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "not ready without kafka: {body}");
-    let metrics = eventually("all records accounted for", || async {
-        let metrics = scrape(config.agent_admin()).await;
+    let metrics = until_scrape(config.agent_admin(), "all records accounted for", |metrics| {
         // Gauges are published every second; counters at once.
-        let done = metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0
-            && metrics.count(telemetry::BUFFER_RECORDS, &[]) > 0.0;
-        done.then_some(metrics)
+        metrics.count(telemetry::INGEST_RECORDS, &[]) == 20_000.0 && metrics.count(telemetry::BUFFER_RECORDS, &[]) > 0.0
     })
     .await;
     let dropped = metrics.count(telemetry::BUFFER_DROPPED, &[("reason", "drop_newest")]);
@@ -92,14 +80,12 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_processes_expose_the_documented_metrics() {
-    let pipeline = start_pipeline("metrics", 1, |_| {}).await;
+    let pipeline = Scenario::new("metrics").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     send_lines(&config.socket(), &[b"one".to_vec(), b"two".to_vec(), vec![0xff]]).await;
-    wait_for_rows(db, 2, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await; // gauges are published every second
+    until_rows(db, 2).await;
 
-    let agent = scrape(config.agent_admin()).await;
-    for name in [
+    let names = [
         telemetry::INGEST_RECORDS,
         telemetry::INGEST_BYTES,
         telemetry::INGEST_REJECTED,
@@ -110,38 +96,39 @@ async fn both_processes_expose_the_documented_metrics() {
         telemetry::BUFFER_CAPACITY_RECORDS,
         telemetry::KAFKA_REACHABLE,
         telemetry::BUILD_INFO,
-    ] {
-        assert!(agent.has(name), "agent lacks {name}:\n{}", agent.0);
-    }
+    ];
+    // Gauges are published every second, and a count follows what it counts by a moment: wait
+    // until every name is there and both records are counted delivered.
+    let agent = until_scrape(config.agent_admin(), "every agent metric", |agent| {
+        names.iter().all(|name| agent.has(name)) && agent.count(telemetry::SHIP_DELIVERED, &[]) == 2.0
+    })
+    .await;
     assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 2.0);
     assert_eq!(agent.value(telemetry::SHIP_DELIVERY_ERRORS, &[("reason", "message_timed_out")]), Some(0.0));
     assert_eq!(agent.value(telemetry::INGEST_REJECTED, &[("reason", "invalid_utf8")]), Some(1.0));
 
-    let persister = scrape(config.persist_admin()).await;
-    for name in [
+    let names = [
         telemetry::PERSIST_ROWS,
         telemetry::PERSIST_BATCHES,
         "sluice_persist_batch_duration_seconds_bucket",
         telemetry::PERSIST_CONSUMED,
         telemetry::PERSIST_ASSIGNED_PARTITIONS,
-    ] {
-        assert!(persister.has(name), "persister lacks {name}:\n{}", persister.0);
-    }
+    ];
+    let persister = until_scrape(config.persist_admin(), "every persister metric", |persister| {
+        names.iter().all(|name| persister.has(name))
+    })
+    .await;
     assert_eq!(persister.value(telemetry::PERSIST_COMMIT_ERRORS, &[]), Some(0.0));
 
     let (status, _) = http_get(config.agent_admin(), "/healthz").await.expect("healthz");
     assert_eq!(status, 200);
 }
 
-/// The row count once it is above zero and stops changing (a second without a new row).
-async fn rows_settled(db: &tokio_postgres::Client) -> u64 {
-    eventually("rows settle", || async {
-        let before = row_count(db).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let after = row_count(db).await;
-        (before == after && after > 0).then_some(after)
-    })
-    .await as u64
+/// The row count once the persister has committed every message in the topic (the agent has
+/// exited: nothing more can come).
+async fn rows_once_caught_up(config: &TestConfig, db: &tokio_postgres::Client) -> u64 {
+    until_caught_up(config).await;
+    row_count(db).await as u64
 }
 
 /// The agent's one-line account of its drain (`drain finished`): records lost at the end
@@ -161,7 +148,7 @@ fn drain_account(log: &str) -> (u64, u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
     use tokio::io::AsyncWriteExt;
-    let pipeline = start_pipeline("busy", 1, |config| _ = config.set("agent", "drain_timeout", "2s")).await;
+    let pipeline = Scenario::new("busy").set("agent", "drain_timeout", "2s").pipeline().await;
     let Pipeline { mut agent, config, db, .. } = pipeline;
     let mut stream = tokio::net::UnixStream::connect(config.socket()).await.expect("connect");
     let writer = tokio::spawn(async move {
@@ -178,7 +165,8 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The writer is busy (a line every 50 ms) when SIGTERM comes.
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_RECORDS, &[], 20.0).await;
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(status.success(), "{status:?}\n{}", agent.log_text());
@@ -186,7 +174,7 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
         within(Duration::from_secs(10), "the writer sees the agent stop reading", writer).await.expect("writer");
     assert!(written < 2000, "the writer was stopped by the agent, not by its own limit");
     let (lost, abandoned, _) = drain_account(&agent.log_text());
-    let rows = rows_settled(&db).await;
+    let rows = rows_once_caught_up(&config, &db).await;
     assert_eq!(
         written,
         rows + lost + abandoned,
@@ -202,15 +190,17 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
     let mut socket = None;
-    let pipeline = start_pipeline("dgramdrain", 1, |config| {
-        config.set("agent", "drain_timeout", "2s");
-        socket = Some(config.add_listener("dgram", "datagram"));
-        // Throttled: the listener's queue stays full while it waits, as under a slow buffer.
-        config.listener("dgram", "rate_limit", toml::toml! { records_per_second = 200 });
-    })
-    .await;
+    let pipeline = Scenario::new("dgramdrain")
+        .set("agent", "drain_timeout", "2s")
+        .with(|config| {
+            socket = Some(config.add_listener("dgram", "datagram"));
+            // Throttled: the listener's queue stays full while it waits, as under a slow buffer.
+            config.listener("dgram", "rate_limit", toml::toml! { records_per_second = 200 });
+        })
+        .pipeline()
+        .await;
     let socket = socket.expect("datagram socket");
-    let Pipeline { mut agent, db, .. } = pipeline;
+    let Pipeline { mut agent, db, config, .. } = pipeline;
     let sender = std::os::unix::net::UnixDatagram::unbound().expect("socket");
     let writer = std::thread::spawn(move || {
         let mut sent = 0u64;
@@ -223,13 +213,14 @@ async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
         }
         sent
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The listener is reading (at its rate limit) when SIGTERM comes.
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_RECORDS, &[("listener", "dgram")], 100.0).await;
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(20)).await;
     assert!(status.success(), "the agent exits in time: {status:?}\n{}", agent.log_text());
     let sent = writer.join().expect("writer");
     let (lost, abandoned, _) = drain_account(&agent.log_text());
-    let rows = rows_settled(&db).await;
+    let rows = rows_once_caught_up(&config, &db).await;
     // Datagrams still queued when reading stopped are counted too (`drain_timeout`); the path is
     // gone by then, so the writer's next send fails. One send blocked on the full queue before
     // that may land after the count.
@@ -245,14 +236,13 @@ async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
 /// exited 0. Now the failure is logged at ERROR, starts the drain, and the exit code says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_panics_starts_the_drain_and_the_agent_exits_non_zero() {
-    let services = services();
-    let topic = unique("panic");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.set("agent", "drain_timeout", "2s");
-    config.env.push(("SLUICE_FAIL_POINT".into(), "ship".into()));
-    let mut agent = start_agent(&config).await;
-    send_lines(&config.socket(), &[b"the shipper panics on this one".to_vec()]).await;
+    let setup = Scenario::new("panic")
+        .set("agent", "drain_timeout", "2s")
+        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "ship".into())))
+        .build()
+        .await;
+    let mut agent = setup.agent().await;
+    send_lines(&setup.config.socket(), &[b"the shipper panics on this one".to_vec()]).await;
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(!status.success(), "a failed task means a non-zero exit: {status:?}");
     let log = agent.log_text();
@@ -263,21 +253,17 @@ async fn a_task_that_panics_starts_the_drain_and_the_agent_exits_non_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persister_whose_writer_panics_exits_non_zero_and_the_next_one_stores_everything() {
-    let services = services();
-    let topic = unique("lanepanic");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    let _agent = start_agent(&config).await;
-    config.env.push(("SLUICE_FAIL_POINT".into(), "persist_write".into()));
-    let mut persister = start_persister(&config).await;
+    let mut setup = Scenario::new("lanepanic").build().await;
+    let _agent = setup.agent().await;
+    setup.config.env.push(("SLUICE_FAIL_POINT".into(), "persist_write".into()));
+    let mut persister = setup.persister().await;
     let lines: Vec<Vec<u8>> = (0..100).map(|i| format!("line {i}").into_bytes()).collect();
-    send_lines(&config.socket(), &lines).await;
+    send_lines(&setup.config.socket(), &lines).await;
     let status = persister.wait(Duration::from_secs(60)).await;
     assert!(!status.success(), "{status:?}");
     assert!(persister.log_text().contains("a task failed"), "{}", persister.log_text());
     // Nothing was committed for the batch that failed: the next persister stores all of it.
-    config.env.clear();
-    let _next = start_persister(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    assert_eq!(wait_for_rows(&db, 100, WAIT).await, 100);
+    setup.config.env.clear();
+    let _next = setup.persister().await;
+    assert_eq!(until_rows(&setup.db().await, 100).await, 100);
 }

@@ -38,24 +38,20 @@ fn promtool_check_metrics(scrape: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_alerts_use() {
-    let pipeline = start_pipeline("observe", 2, |config| {
-        let spool = config.dir.path().join("spool").display().to_string();
-        config.set("buffer", "type", "disk").set("buffer", "path", spool);
-    })
-    .await;
+    let pipeline = Scenario::new("observe").partitions(2).disk_buffer().pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let lines: Vec<Vec<u8>> = (0..500).map(|n| numbered("observe", n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
     // A dead letter and a rejection, so those series carry values too.
     // (An escaped U+0000 is valid JSON the agent passes on; PostgreSQL cannot store it.)
     send_lines(&config.socket(), &[br#"{"nul":"\u0000 here"}"#.to_vec(), vec![0xff]]).await;
-    wait_for_rows(db, 500, WAIT).await;
+    until_rows(db, 500).await;
     // librdkafka's statistics arrive every 5 seconds.
-    let (agent, persister) = eventually("statistics in both scrapes", || async {
+    let (agent, persister) = until("statistics in both scrapes", || async {
         let agent = scrape(config.agent_admin()).await;
         let persister = scrape(config.persist_admin()).await;
-        (agent.has(telemetry::librdkafka::BROKER_RTT) && persister.has(telemetry::PERSIST_LAG_RECORDS))
-            .then_some((agent, persister))
+        let (rtt, lag) = (agent.has(telemetry::librdkafka::BROKER_RTT), persister.has(telemetry::PERSIST_LAG_RECORDS));
+        if rtt && lag { Ok((agent, persister)) } else { Err(format!("broker rtt: {rtt}, lag: {lag}")) }
     })
     .await;
 

@@ -37,12 +37,12 @@ async fn send_range(socket: &std::path::Path, range: std::ops::Range<usize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_kill() {
     let mut pipeline =
-        start_pipeline("pipeline", 4, |config| _ = config.set("persist", "batch_max_records", 2000)).await;
+        Scenario::new("pipeline").partitions(4).set("persist", "batch_max_records", 2000).pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     // First half, then kill the persister while it is writing.
     send_range(&config.socket(), 0..PER_CONNECTION / 2).await;
-    wait_for_rows(db, 10_000, WAIT).await;
+    until_rows(db, 10_000).await;
     pipeline.persister.kill();
     let rows_at_kill = row_count(db).await;
 
@@ -50,9 +50,9 @@ async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_ki
     send_range(&config.socket(), PER_CONNECTION / 2..PER_CONNECTION).await;
     let restarted = start_persister(config).await;
     let total = (CONNECTIONS * PER_CONNECTION) as i64;
-    wait_for_rows(db, total, Duration::from_secs(180)).await;
-    // Give late duplicates a chance to show up before counting.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_rows_within(db, total, Duration::from_secs(180)).await;
+    // Late duplicates would show once nothing is left to arrive.
+    until_nothing_left(config).await;
 
     let row = db.query_one("SELECT count(*), count(DISTINCT record_id) FROM logs", &[]).await.expect("count");
     let (count, distinct): (i64, i64) = (row.get(0), row.get(1));
@@ -91,12 +91,12 @@ async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_ki
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_carry_the_envelope_metadata_into_their_row() {
-    let pipeline = start_pipeline("envelope", 1, |_| {}).await;
+    let pipeline = Scenario::new("envelope").pipeline().await;
     let (config, db, topic) = (&pipeline.config, &pipeline.db, &pipeline.topic);
 
     let line = r#"{"time":"2026-03-04T05:06:07.5Z","severity":"WARN","message":"disk at 91%","user":"ann"}"#;
     send_lines(&config.socket(), &[line.as_bytes().to_vec()]).await;
-    wait_for_rows(db, 1, WAIT).await;
+    until_rows(db, 1).await;
 
     let row = db
         .query_one(
@@ -134,31 +134,21 @@ fn unsafe_free_uid() -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_is_not_an_envelope_is_kept_in_dead_letters_and_counted() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let services = services();
-    let topic = unique("dead");
-    create_topic(&services.kafka, &topic, 1).await;
-    let config = TestConfig::new(&services, &topic);
-    let _persister = start_persister(&config).await;
+    let setup = Scenario::new("dead").build().await;
+    let _persister = setup.persister().await;
     let producer: FutureProducer =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", &services.kafka).create().expect("producer");
-    within(WAIT, "produce", producer.send(FutureRecord::<(), _>::to(&topic).payload("not an envelope"), WAIT))
+        rdkafka::ClientConfig::new().set("bootstrap.servers", &setup.bootstrap).create().expect("producer");
+    within(WAIT, "produce", producer.send(FutureRecord::<(), _>::to(&setup.topic).payload("not an envelope"), WAIT))
         .await
         .expect("delivered");
 
-    let db = pg(&services, &config.schema()).await;
-    let row = eventually("a dead letter row", || async {
-        db.query_one("SELECT reason, payload FROM dead_letters", &[]).await.ok()
-    })
-    .await;
+    let db = setup.db().await;
+    let row = until("a dead letter row", || db.query_one("SELECT reason, payload FROM dead_letters", &[])).await;
     assert_eq!(row.get::<_, String>(0), "malformed_envelope");
     assert_eq!(row.get::<_, Vec<u8>>(1), b"not an envelope");
     // Counted once the transaction that stored it committed: a moment after the row is visible.
-    let admin = config.persist_admin();
-    eventually("the dead letter counted", || async {
-        let counted = scrape(admin).await.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "malformed_envelope")]);
-        (counted == 1.0).then_some(())
-    })
-    .await;
+    let dead = [("reason", "malformed_envelope")];
+    until_metric(setup.config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &dead, 1.0).await;
     assert_eq!(row_count(&db).await, 0);
 }
 
@@ -183,17 +173,14 @@ const SMALLEST_DISK_BUDGET_FOR_256_KIB: &str = "1549 KiB";
 /// (QUEUE_FULL forever: librdkafka's queue was a fifth of the budget).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_largest_record_a_listener_accepts_is_delivered_under_the_smallest_budget_it_allows() {
-    let pipeline = start_pipeline("largest", 1, |config| {
-        config.set("buffer", "max_bytes", SMALLEST_BUDGET_FOR_256_KIB).listener(
-            "default",
-            "max_record_size",
-            "256 KiB",
-        );
-    })
-    .await;
+    let pipeline = Scenario::new("largest")
+        .set("buffer", "max_bytes", SMALLEST_BUDGET_FOR_256_KIB)
+        .listener("default", "max_record_size", "256 KiB")
+        .pipeline()
+        .await;
     let big = largest_line(256 * 1024);
     send_lines(&pipeline.config.socket(), &[big.clone(), b"small after".to_vec()]).await;
-    wait_for_rows(&pipeline.db, 2, WAIT).await;
+    until_rows(&pipeline.db, 2).await;
     let rows = pipeline.db.query("SELECT payload FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
     let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
     assert_eq!(payloads, vec![String::from_utf8(big).expect("utf-8"), "small after".to_string()]);
@@ -203,37 +190,28 @@ async fn the_largest_record_a_listener_accepts_is_delivered_under_the_smallest_b
 /// sixteenth of the budget, too small for it, and it was put back forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart() {
-    let services = services();
-    let topic = unique("largest_spool");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    let spool = config.dir.path().join("spool").display().to_string();
-    config
-        .set("buffer", "type", "disk")
-        .set("buffer", "path", spool)
+    let mut setup = Scenario::new("largest_spool")
+        .disk_buffer()
         .set("buffer", "max_bytes", SMALLEST_DISK_BUDGET_FOR_256_KIB)
         .set("agent", "drain_timeout", "1s")
-        .listener("default", "max_record_size", "256 KiB");
+        .listener("default", "max_record_size", "256 KiB")
+        .build()
+        .await;
     // First run: Kafka unreachable, both records stay in the spool.
-    let mut offline = TestConfig::new(&services, &topic);
-    offline.table = config.table.clone();
-    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port()));
-    let path = offline.write();
-    let mut agent = offline.spawn_agent_at(&path).await;
+    let brokers = setup.config.table["kafka"]["brokers"].clone();
+    setup.config.set("kafka", "brokers", setup.unreachable_kafka());
+    let (_, mut agent) = setup.listening_agent().await;
     let big = largest_line(256 * 1024);
-    send_lines(&config.socket(), &[big.clone(), b"small after".to_vec()]).await;
-    let admin = config.agent_admin();
-    eventually("both spooled", || async {
-        (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 2.0).then_some(())
-    })
-    .await;
+    send_lines(&setup.config.socket(), &[big.clone(), b"small after".to_vec()]).await;
+    until_metric(setup.config.agent_admin(), telemetry::SPOOL_RECORDS, &[], 2.0).await;
     agent.signal("TERM");
     assert!(agent.wait(Duration::from_secs(20)).await.success());
 
-    let _persister = start_persister(&config).await;
-    let _agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    wait_for_rows(&db, 2, WAIT).await;
+    setup.config.set("kafka", "brokers", brokers);
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
+    until_rows(&db, 2).await;
     let rows = db.query("SELECT payload FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
     let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
     assert_eq!(payloads, vec![String::from_utf8(big).expect("utf-8"), "small after".to_string()]);
@@ -243,10 +221,10 @@ async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart(
 /// (1 MiB) once enveloped: a maximum-size record was given up as `message_size_too_large`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_of_the_default_maximum_size_is_delivered() {
-    let pipeline = start_pipeline("default_largest", 1, |_| {}).await;
+    let pipeline = Scenario::new("default_largest").pipeline().await;
     let big = largest_line(1024 * 1024);
     send_lines(&pipeline.config.socket(), std::slice::from_ref(&big)).await;
-    wait_for_rows(&pipeline.db, 1, WAIT).await;
+    until_rows(&pipeline.db, 1).await;
     let metrics = scrape(pipeline.config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::SHIP_FAILED, &[]), 0.0);
     let row = pipeline.db.query_one("SELECT length(payload) FROM logs", &[]).await.expect("row");

@@ -2,8 +2,6 @@
 //! raw socket writes for lines, octet counting and datagrams, `logger` and Python's
 //! `SysLogHandler` for syslog, Python's `fluent-logger` for Forward.
 
-use std::time::Duration;
-
 use rmpv::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,11 +20,13 @@ async fn strings(db: &tokio_postgres::Client, sql: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
     let mut sockets = Vec::new();
-    let pipeline = start_pipeline("protocols", 1, |config| {
-        sockets.push(config.add_listener("octets", "octet_counted"));
-        sockets.push(config.add_listener("dgram", "datagram"));
-    })
-    .await;
+    let pipeline = Scenario::new("protocols")
+        .with(|config| {
+            sockets.push(config.add_listener("octets", "octet_counted"));
+            sockets.push(config.add_listener("dgram", "datagram"));
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
 
     send_lines(&config.socket(), &[b"a line".to_vec()]).await;
@@ -38,7 +38,7 @@ async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
     datagram.send_to(br#"{"level":"warn","message":"one datagram"}"#, &sockets[1]).expect("send");
     datagram.send_to(b"with a newline\n", &sockets[1]).expect("send");
 
-    wait_for_rows(db, 5, WAIT).await;
+    until_rows(db, 5).await;
     let mut payloads = strings(db, "SELECT payload FROM logs").await;
     payloads.sort();
     let mut expected = vec![
@@ -66,13 +66,15 @@ async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logger_and_python_syslog_handler_are_parsed_into_fields() {
     let mut sockets = Vec::new();
-    let pipeline = start_pipeline("syslog", 1, |config| {
-        sockets.push(config.add_listener("syslog", "syslog"));
-        let stream = config.add_listener("syslog_stream", "syslog");
-        config.listener("syslog_stream", "transport", "stream");
-        sockets.push(stream);
-    })
-    .await;
+    let pipeline = Scenario::new("syslog")
+        .with(|config| {
+            sockets.push(config.add_listener("syslog", "syslog"));
+            let stream = config.add_listener("syslog_stream", "syslog");
+            config.listener("syslog_stream", "transport", "stream");
+            sockets.push(stream);
+        })
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let (datagram, stream) = (&sockets[0], &sockets[1]);
 
@@ -86,7 +88,7 @@ async fn logger_and_python_syslog_handler_are_parsed_into_fields() {
     logger(stream, &["-T", "-t", "streamer", "-p", "user.info"], "over a stream, newline framed");
     logger(stream, &["-T", "--octet-count", "-t", "counter", "-p", "user.debug"], "over a stream, octet counted");
 
-    wait_for_rows(db, 5, WAIT).await;
+    until_rows(db, 5).await;
     let row = |sql: &'static str| strings(db, sql);
     assert_eq!(
         row("SELECT concat_ws(' ', level, record->>'facility', record->>'app_name', message) FROM logs \
@@ -118,7 +120,8 @@ async fn logger_and_python_syslog_handler_are_parsed_into_fields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_fluent_logger_delivers_and_hears_every_chunk_acknowledged() {
     let mut socket = None;
-    let pipeline = start_pipeline("fluent", 1, |config| socket = Some(config.add_listener("fluent", "forward"))).await;
+    let pipeline =
+        Scenario::new("fluent").with(|config| socket = Some(config.add_listener("fluent", "forward"))).pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let socket = socket.expect("socket");
 
@@ -126,7 +129,7 @@ async fn python_fluent_logger_delivers_and_hears_every_chunk_acknowledged() {
     // record is delivered to Kafka (memory buffer: ack_point = "delivered").
     fluent_logger(&socket, 50);
 
-    wait_for_rows(db, 50, WAIT).await;
+    until_rows(db, 50).await;
     let rows = db
         .query(
             "SELECT record->>'tag', level, message, (record->>'n')::int, event_time IS NOT NULL FROM logs \
@@ -160,7 +163,10 @@ fn event(n: i64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_packed_and_compressed_modes_deliver_every_event_and_ack_their_chunks() {
     let mut socket = None;
-    let pipeline = start_pipeline("forward", 1, |config| socket = Some(config.add_listener("fluent", "forward"))).await;
+    let pipeline = Scenario::new("forward")
+        .with(|config| socket = Some(config.add_listener("fluent", "forward")))
+        .pipeline()
+        .await;
     let db = &pipeline.db;
     let mut stream = tokio::net::UnixStream::connect(socket.expect("socket")).await.expect("connect");
 
@@ -194,9 +200,9 @@ async fn forward_packed_and_compressed_modes_deliver_every_event_and_ack_their_c
     }
     let ack = |chunk: &str| Value::Map(vec![(Value::from("ack"), Value::from(chunk))]);
     assert_eq!(replies, vec![ack("c1"), ack("c2"), ack("c3")], "acknowledged in order, once delivered");
-    wait_for_rows(db, 30, WAIT).await;
+    until_rows(db, 30).await;
     let tags = strings(db, "SELECT (record->>'tag') || count(*) FROM logs GROUP BY record->>'tag' ORDER BY 1").await;
     assert_eq!(tags, ["c10", "f10", "p10"]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(row_count(db).await, 30);
+    until_nothing_left(&pipeline.config).await;
+    assert_eq!(row_count(db).await, 30, "each event once");
 }

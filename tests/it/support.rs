@@ -21,6 +21,7 @@ mod clients;
 mod load;
 mod postgres;
 mod proxy;
+mod scenario;
 
 pub use acks::{AckReader, Settled, open_acknowledged};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
@@ -28,6 +29,10 @@ pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, numbered, numbers_in};
 pub use postgres::PrivatePostgres;
 pub use proxy::Proxy;
+pub use scenario::{
+    Scenario, Setup, nonzero, until, until_caught_up, until_logged, until_metric, until_metric_at_least,
+    until_nothing_left, until_rows, until_rows_within, until_scrape, until_settled,
+};
 
 /// Any single wait in a test is bounded by this unless it says otherwise.
 pub const WAIT: Duration = Duration::from_secs(60);

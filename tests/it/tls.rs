@@ -20,13 +20,13 @@ fn require_tls(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_persister_writes_over_verified_tls_when_the_url_requires_it() {
-    let services = services();
-    let pipeline = start_pipeline("tls", 1, |config| {
-        config.set("postgres", "url", require_tls(&services.pg)).set("postgres", "ca_file", ca());
-    })
-    .await;
+    let pipeline = Scenario::new("tls")
+        .set("postgres", "url", require_tls(&services().pg))
+        .set("postgres", "ca_file", ca())
+        .pipeline()
+        .await;
     send_lines(&pipeline.config.socket(), &[b"over tls".to_vec()]).await;
-    wait_for_rows(&pipeline.db, 1, WAIT).await;
+    until_rows(&pipeline.db, 1).await;
     let encrypted: bool = pipeline
         .db
         .query_one(
@@ -42,33 +42,25 @@ async fn the_persister_writes_over_verified_tls_when_the_url_requires_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_persister_refuses_a_certificate_it_cannot_verify() {
-    let services = services();
-    let topic = unique("untrusted");
-    create_topic(&services.kafka, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
     // sslmode=require without the CA that signed the server's certificate.
-    config.set("postgres", "url", require_tls(&services.pg));
-    config.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
+    let setup = Scenario::new("untrusted")
+        .set("postgres", "url", require_tls(&services().pg))
+        .with(|config| _ = config.table["postgres"].as_table_mut().expect("postgres").remove("ca_file"))
+        .build()
+        .await;
+    let config = &setup.config;
     let path = config.write();
     let persister =
         Process::spawn("persist", &["persist", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("the verification failure is logged", || async {
-        persister.log_text().contains("certificate verify failed").then_some(())
-    })
-    .await;
+    until_logged(&persister, "certificate verify failed").await;
     let (status, body) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_and_a_persister_ship_through_sasl_ssl_with_scram_and_a_private_ca() {
-    let services = services();
     let broker = PrivateBroker::start_sasl_ssl().await;
     let (sasl_bootstrap, ca) = broker.sasl_ssl.clone().expect("a SASL_SSL listener");
-    let topic = unique("sasl");
-    create_topic(&broker.bootstrap, &topic, 1).await;
-    let mut config = TestConfig::new(&services, &topic);
-    config.set("kafka", "brokers", sasl_bootstrap);
     let mut properties = toml::Table::new();
     for (key, value) in [
         ("security.protocol", "SASL_SSL"),
@@ -78,18 +70,24 @@ async fn an_agent_and_a_persister_ship_through_sasl_ssl_with_scram_and_a_private
     ] {
         properties.insert(key.into(), value.into());
     }
-    config.set("kafka", "properties", properties);
     let mut from_env = toml::Table::new();
     from_env.insert("sasl.password".into(), "SLUICE_TEST_SASL_PASSWORD".into());
-    config.set("kafka", "properties_from_env", from_env);
-    config.env.push(("SLUICE_TEST_SASL_PASSWORD".into(), SASL_PASSWORD.into()));
+    let setup = Scenario::new("sasl")
+        .on(&broker)
+        .set("kafka", "brokers", sasl_bootstrap)
+        .set("kafka", "properties", properties)
+        .set("kafka", "properties_from_env", from_env)
+        .with(|config| config.env.push(("SLUICE_TEST_SASL_PASSWORD".into(), SASL_PASSWORD.into())))
+        .build()
+        .await;
+    let config = &setup.config;
 
-    let _persister = start_persister(&config).await;
-    let agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    let lines: Vec<Vec<u8>> = (0..100).map(|n| numbered(&topic, n).into_bytes()).collect();
+    let _persister = setup.persister().await;
+    let agent = setup.agent().await;
+    let db = setup.db().await;
+    let lines: Vec<Vec<u8>> = (0..100).map(|n| numbered(&setup.topic, n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
-    assert_eq!(wait_for_rows(&db, 100, WAIT).await, 100);
+    assert_eq!(until_rows(&db, 100).await, 100);
     assert!(!agent.log_text().contains(SASL_PASSWORD), "the password is never logged");
     let (_, shown) = http_get(config.agent_admin(), "/config").await.expect("/config");
     assert!(!shown.contains(SASL_PASSWORD) && shown.contains("SLUICE_TEST_SASL_PASSWORD"), "{shown}");
@@ -102,6 +100,9 @@ struct NoTlsServer {
     address: SocketAddr,
     ssl_requests: Arc<AtomicUsize>,
     plaintext: Arc<AtomicBool>,
+    /// Refused connections whose next move is known: the client closed, sent something
+    /// (`plaintext`), or stayed silent for 2 s.
+    judged: Arc<AtomicUsize>,
 }
 
 impl NoTlsServer {
@@ -109,10 +110,11 @@ impl NoTlsServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (ssl_requests, plaintext) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-        let (requests, seen) = (ssl_requests.clone(), plaintext.clone());
+        let judged = Arc::new(AtomicUsize::new(0));
+        let (requests, seen, decided) = (ssl_requests.clone(), plaintext.clone(), judged.clone());
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                let (requests, seen) = (requests.clone(), seen.clone());
+                let (requests, seen, decided) = (requests.clone(), seen.clone(), decided.clone());
                 tokio::spawn(async move {
                     // SSLRequest: length 8, code 80877103.
                     let mut request = [0u8; 8];
@@ -127,33 +129,34 @@ impl NoTlsServer {
                     if let Ok(Ok(1)) = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut next)).await {
                         seen.store(true, Ordering::Relaxed);
                     }
+                    decided.fetch_add(1, Ordering::Relaxed);
                 });
             }
         });
-        Self { address, ssl_requests, plaintext }
+        Self { address, ssl_requests, plaintext, judged }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_ca_file_and_no_sslmode_the_persister_refuses_a_server_that_offers_no_tls() {
-    let services = services();
     let server = NoTlsServer::start().await;
-    let mut config = TestConfig::new(&services, &unique("downgrade"));
-    config.set("postgres", "url", format!("postgres://postgres@{}/sluice", server.address)).set(
-        "postgres",
-        "ca_file",
-        ca(),
-    );
+    let setup = Scenario::new("downgrade")
+        .without_topic()
+        .set("postgres", "url", format!("postgres://postgres@{}/sluice", server.address))
+        .set("postgres", "ca_file", ca())
+        .build()
+        .await;
+    let config = &setup.config;
     let path = config.write();
     let persister =
         Process::spawn("persist", &["persist", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("the refusal is logged", || async {
-        persister.log_text().contains("server does not support TLS").then_some(())
+    until_logged(&persister, "server does not support TLS").await;
+    assert!(server.ssl_requests.load(Ordering::Relaxed) >= 1, "the persister asked for TLS");
+    // The server gives a refused client 2 s to go on in plaintext; it has judged one of them.
+    until("a refused connection judged", || async {
+        if server.judged.load(Ordering::Relaxed) >= 1 { Ok(()) } else { Err("none yet") }
     })
     .await;
-    assert!(server.ssl_requests.load(Ordering::Relaxed) >= 1, "the persister asked for TLS");
-    // The server waits 2 s for a plaintext startup message after each refusal.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!server.plaintext.load(Ordering::Relaxed), "nothing was sent in plaintext after the refusal");
     let (status, body) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "{body}");
