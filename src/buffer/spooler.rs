@@ -20,7 +20,7 @@ use super::spool::{Appended, Entry, Fsync, SpoolIoError, SpoolOp, SpoolPos, Spoo
 use super::{Buffer, Record};
 use crate::config::WhenFull;
 use crate::telemetry;
-use crate::telemetry::outcome::{Dropped, Failed, Refused};
+use crate::telemetry::outcome::{Dropped, Failed, LetGo, Refused};
 
 /// Most records written per batch.
 const WRITE_BATCH: usize = 1024;
@@ -333,14 +333,14 @@ impl Spooler {
         }
     }
 
-    fn abandon(&self, records: Vec<Record>, reason: impl Into<Refused>) {
+    fn abandon(&self, records: Vec<Record>, reason: impl Into<LetGo>) {
         let reason = reason.into();
         if records.is_empty() {
             return;
         }
         reason.count(records.len() as u64);
         for mut record in records {
-            record.refuse(reason);
+            record.refuse(Refused::from(reason));
         }
     }
 

@@ -148,14 +148,46 @@ impl Refused {
             Refused::Failed(reason) => reason.as_str(),
         }
     }
+}
 
-    /// Counts `records` on the counter of a buffer drop or a give-up. A socket rejection is
-    /// counted by its listener (its labels are the listener's).
+/// A record the agent lets go after the socket took it: dropped by the buffer or given up by the
+/// shipper. Unlike [`Refused`] it cannot be a socket rejection (counted by its listener, with the
+/// listener's labels), so counting it can never be a no-op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LetGo {
+    /// Let go by the buffer.
+    Dropped(Dropped),
+    /// Given up by the shipper.
+    Failed(Failed),
+}
+
+impl LetGo {
+    /// Counts `records` on the buffer's drop counter or the shipper's give-up counter.
     pub fn count(self, records: u64) {
         match self {
-            Refused::Rejected(_) => {}
-            Refused::Dropped(reason) => reason.count(records),
-            Refused::Failed(reason) => reason.count(records),
+            LetGo::Dropped(reason) => reason.count(records),
+            LetGo::Failed(reason) => reason.count(records),
+        }
+    }
+}
+
+impl From<Dropped> for LetGo {
+    fn from(reason: Dropped) -> Self {
+        LetGo::Dropped(reason)
+    }
+}
+
+impl From<Failed> for LetGo {
+    fn from(reason: Failed) -> Self {
+        LetGo::Failed(reason)
+    }
+}
+
+impl From<LetGo> for Refused {
+    fn from(reason: LetGo) -> Self {
+        match reason {
+            LetGo::Dropped(reason) => Refused::Dropped(reason),
+            LetGo::Failed(reason) => Refused::Failed(reason),
         }
     }
 }
