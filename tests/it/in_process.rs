@@ -159,7 +159,6 @@ async fn in_process_agent_and_persister_deliver_every_record_once_and_count_each
     assert_eq!(grew(&before, &counted, telemetry::INGEST_RECORDS), n, "read");
     assert_eq!(grew(&before, &counted, telemetry::PERSIST_CONSUMED), n, "consumed");
     assert_eq!(grew(&before, &counted, telemetry::PERSIST_DUPLICATES), 0.0, "duplicates");
-    assert_eq!(scrape(agent.admin).await.0.lines().count(), counted.0.lines().count(), "one registry");
 
     let report = agent.stop().await.expect("the agent drains without a failed task");
     assert_eq!(report, DrainReport { undelivered: 0, lost: 0, abandoned: 0 });
