@@ -165,6 +165,7 @@ pub async fn run(
 ) -> Result<(), PersistError> {
     telemetry::register_persist_series();
     let admin = AdminServer::bind(&config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
+    admin.announce(config.persist.admin_address_file.as_deref())?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let database_ok = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
