@@ -315,7 +315,7 @@ async fn spool_and_stop(config: &TestConfig, args: &[&str], tag: &str, n: u64) {
     eventually("socket", || async { config.socket().exists().then_some(()) }).await;
     let lines: Vec<Vec<u8>> = (0..n).map(|i| numbered(tag, i).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
-    let admin = config.agent_admin();
+    let admin = agent.wait_admin().await;
     eventually("spooled", || async {
         (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == n as f64).then_some(())
     })
@@ -336,7 +336,7 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     // First run: Kafka unreachable, so everything stays in the spool.
     let mut offline = TestConfig::new(&services, &topic);
     offline.table = config.table.clone();
-    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port())).set("agent", "drain_timeout", "1s");
+    offline.set("kafka", "brokers", NO_BROKER).set("agent", "drain_timeout", "1s");
     let path = offline.write();
     spool_and_stop(&config, &["agent", "--config", path.to_str().expect("path")], &topic, 300).await;
 
@@ -511,7 +511,7 @@ async fn full_spool(when_full: &str) -> (TestConfig, Process) {
     let mut config = TestConfig::new(&services, &unique("full"));
     disk(&mut config);
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_disk_bytes", "1 MiB")
         // More memory than disk: whatever the spool writer's pace, the cap is what fills first.
         .set("buffer", "max_bytes", "8 MiB")
@@ -519,8 +519,7 @@ async fn full_spool(when_full: &str) -> (TestConfig, Process) {
         .listener("default", "max_record_size", "8 KiB")
         .set("agent", "drain_timeout", "1s");
     let path = config.write();
-    let agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let agent = config.spawn_agent_at(&path).await;
     (config, agent)
 }
 
@@ -600,15 +599,14 @@ async fn a_full_disk_is_counted_and_falls_back_to_the_policy_without_stopping_th
     disk(&mut config);
     let filesystem = TinyFilesystem::mount(config.dir.path().join("spool"), "1m");
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
         .set("buffer", "max_bytes", "8 MiB") // more memory than disk, so the disk fills first
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "8 KiB")
         .set("agent", "drain_timeout", "1s");
     let path = config.write();
-    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let mut agent = config.spawn_agent_at(&path).await;
     let lines: Vec<Vec<u8>> = (0..20_000).map(|n| numbered("enospc", n).into_bytes()).collect();
     within(Duration::from_secs(30), "the writer is never held", send_lines(&config.socket(), &lines)).await;
     let admin = config.agent_admin();
@@ -649,7 +647,7 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let spool = config.dir.path().join("spool");
     let filesystem = TinyFilesystem::mount(spool.clone(), "1m");
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_disk_bytes", "64 MiB") // the cap is not what stops it: the disk is
         .set("buffer", "when_full", "drop_newest")
         .set("agent", "drain_timeout", "1s");
@@ -658,7 +656,6 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
 
     // First run: Kafka unreachable, so 300 records stay in the spool.
     spool_and_stop(&config, &args, "fullstart", 300).await;
-    let admin = config.agent_admin();
 
     // Damage the segment in its middle (a repair needs room for a copy), then fill the disk.
     let segment = std::fs::read_dir(&spool)
@@ -675,8 +672,8 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     let filler = fill_disk(&spool);
 
     // Second run, on the full disk: it comes up and serves.
-    let mut agent = Process::spawn("agent", &args, config.dir.path());
-    eventually("socket", || async { config.socket().exists().then_some(()) }).await;
+    let mut agent = config.spawn_agent_at(&path).await;
+    let admin = agent.admin();
     let recovered = eventually("recovered", || async {
         let recovered = scrape(admin).await.count(telemetry::SPOOL_RECOVERED, &[]);
         (recovered > 0.0).then_some(recovered)

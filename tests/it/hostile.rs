@@ -335,7 +335,7 @@ async fn hostile_peers_cannot_push_the_agent_past_its_documented_memory_bound() 
     let services = services();
     let mut config = TestConfig::new(&services, &unique("hostile_rss"));
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_bytes", "8 MiB")
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "256 KiB")
@@ -422,7 +422,7 @@ async fn compressed_forward_messages_waiting_for_a_full_buffer_are_not_all_held_
     let mut config = TestConfig::new(&services, &unique("inflate_rss"));
     let socket = config.add_listener("fwd", "forward");
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_bytes", "5 MiB")
         .set("buffer", "when_full", "block")
         .set("buffer", "block_timeout", "forever")

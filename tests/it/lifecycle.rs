@@ -48,14 +48,13 @@ async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_u
     let services = services();
     let mut config = TestConfig::new(&services, &unique("nobroker"));
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_bytes", "64 KiB")
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "1 KiB")
         .set("agent", "drain_timeout", "1s");
     let path = config.write();
-    let mut agent = Process::spawn("agent", &["agent", "--config", path.to_str().expect("path")], config.dir.path());
-    eventually("socket appears", || async { config.socket().exists().then_some(()) }).await;
+    let mut agent = config.spawn_agent_at(&path).await;
 
     // Far more than the buffer holds: the writer must never be held up.
     let lines: Vec<Vec<u8>> =

@@ -217,12 +217,12 @@ async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart(
     // First run: Kafka unreachable, both records stay in the spool.
     let mut offline = TestConfig::new(&services, &topic);
     offline.table = config.table.clone();
-    offline.set("kafka", "brokers", format!("127.0.0.1:{}", free_port()));
+    offline.set("kafka", "brokers", NO_BROKER);
     let path = offline.write();
     let mut agent = offline.spawn_agent_at(&path).await;
     let big = largest_line(256 * 1024);
     send_lines(&config.socket(), &[big.clone(), b"small after".to_vec()]).await;
-    let admin = config.agent_admin();
+    let admin = offline.agent_admin();
     eventually("both spooled", || async {
         (scrape(admin).await.count(telemetry::SPOOL_RECORDS, &[]) == 2.0).then_some(())
     })

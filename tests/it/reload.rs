@@ -11,7 +11,7 @@ use sluice::telemetry;
 fn offline(services: &Services) -> TestConfig {
     let mut config = TestConfig::new(services, &unique("reload"));
     config
-        .set("kafka", "brokers", format!("127.0.0.1:{}", free_port()))
+        .set("kafka", "brokers", NO_BROKER)
         .set("buffer", "max_bytes", "64 KiB")
         .set("buffer", "when_full", "drop_newest")
         .listener("default", "max_record_size", "1 KiB")

@@ -56,7 +56,7 @@ async fn the_persister_refuses_a_certificate_it_cannot_verify() {
         persister.log_text().contains("certificate verify failed").then_some(())
     })
     .await;
-    let (status, body) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
+    let (status, body) = http_get(persister.admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "{body}");
 }
 
@@ -155,6 +155,6 @@ async fn with_a_ca_file_and_no_sslmode_the_persister_refuses_a_server_that_offer
     // The server waits 2 s for a plaintext startup message after each refusal.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!server.plaintext.load(Ordering::Relaxed), "nothing was sent in plaintext after the refusal");
-    let (status, body) = http_get(config.persist_admin(), "/readyz").await.expect("readyz");
+    let (status, body) = http_get(persister.admin(), "/readyz").await.expect("readyz");
     assert_eq!(status, 503, "{body}");
 }
