@@ -14,11 +14,13 @@ RUN apt-get update \
 WORKDIR /src
 ENV CARGO_TARGET_DIR=/src/target
 COPY Cargo.toml Cargo.lock rust-toolchain.toml build.rs ./
+# The workspace's other member (tests and benchmark, not in the image): its manifest is enough.
+COPY harness/Cargo.toml harness/Cargo.toml
 COPY scripts/build-release scripts/build-release
 # Dependencies first, against stub sources: this layer stays cached until Cargo.lock changes.
-RUN mkdir src \
+RUN mkdir -p src harness/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch src/lib.rs harness/src/lib.rs \
     && scripts/build-release \
     && rm -rf src
 COPY src src

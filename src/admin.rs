@@ -2,7 +2,8 @@
 //! (it can do its job: 200, or 503 with the reason), `/config` (the running config, secrets
 //! redacted — served only where it is meant to be seen, see [`ConfigEndpoint`]).
 //!
-//! Owns: the admin listener, its routes, and the bounds on its connections ([`Limits`]): the
+//! Owns: the admin listener (and, when asked, the file saying what it bound: a port-0 listener's
+//! address for tests and the benchmark), its routes, and the bounds on its connections ([`Limits`]): the
 //! chart binds it on `0.0.0.0`, so whoever reaches the pod's network can open connections, and a
 //! client that connects and then sends nothing, or a byte at a time (a slowloris), must not be
 //! able to pile up descriptors and buffers. Must not: do work of the pipeline, block on Kafka or
@@ -11,6 +12,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,12 +44,27 @@ pub fn config_view(running: &std::sync::Arc<std::sync::RwLock<crate::config::Con
 /// runs per request.
 pub type ReadinessCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
+pub mod client;
+
 /// Why the admin server could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot bind the admin server to {address}: {source}")]
-pub struct AdminError {
-    address: String,
-    source: std::io::Error,
+pub enum AdminError {
+    /// The address could not be bound (in use, not local, not an address).
+    #[error("cannot bind the admin server to {address}: {source}")]
+    Bind {
+        /// The configured address.
+        address: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The role's `admin_address_file` could not be written.
+    #[error("cannot write the admin server's address to {}: {source}", file.display())]
+    AddressFile {
+        /// The file.
+        file: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
 }
 
 /// Whether `/config` is served: as the role's config key says (`agent.admin_config_endpoint`,
@@ -134,8 +151,9 @@ pub struct AdminServer {
 impl AdminServer {
     /// Binds `address` now, so a port conflict fails start-up instead of a later task.
     pub async fn bind(address: &str, config: ConfigEndpoint) -> Result<Self, AdminError> {
-        let listener =
-            TcpListener::bind(address).await.map_err(|source| AdminError { address: address.to_string(), source })?;
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| AdminError::Bind { address: address.to_string(), source })?;
         Self::serving_on(listener, address, config)
     }
 
@@ -150,7 +168,8 @@ impl AdminServer {
 
     /// The server on `listener`; `address` names it in an error.
     fn serving_on(listener: TcpListener, address: &str, config: ConfigEndpoint) -> Result<Self, AdminError> {
-        let local = listener.local_addr().map_err(|source| AdminError { address: address.to_string(), source })?;
+        let error = |source| AdminError::Bind { address: address.to_string(), source };
+        let local = listener.local_addr().map_err(error)?;
         let served = config.enabled.unwrap_or_else(|| local.ip().to_canonical().is_loopback());
         let config_refusal = (!served).then(|| match config.enabled {
             Some(_) => format!("/config is disabled ({} = false)\n", config.key),
@@ -166,6 +185,20 @@ impl AdminServer {
     /// The bound address (useful when binding port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Writes the bound address (`127.0.0.1:40123` and a newline) to `file`, the role's
+    /// `admin_address_file`, if it has one: with `admin_listen` on port 0 the kernel picks the
+    /// port, and this says which. Written beside it and renamed into place, so a reader never
+    /// sees half an address; replaced at each start, left behind at exit.
+    pub fn announce(&self, file: Option<&Path>) -> Result<(), AdminError> {
+        let Some(file) = file else { return Ok(()) };
+        let error = |source| AdminError::AddressFile { file: file.to_path_buf(), source };
+        let address = self.listener.local_addr().map_err(error)?;
+        let mut partial = file.as_os_str().to_owned();
+        partial.push(".partial");
+        std::fs::write(&partial, format!("{address}\n")).map_err(error)?;
+        std::fs::rename(&partial, file).map_err(error)
     }
 
     /// Serves until `stop` is cancelled. The server is stopped last during shutdown so that

@@ -1,15 +1,18 @@
 //! The client side of the socket: `sluice send` (records from arguments or stdin, for shells
-//! and scripts) and `sluice loadgen` (sample records, the way an app would write them).
+//! and scripts) and `sluice loadgen` (sample records, the way an app would write them), with
+//! [`load`], the one load generator (also the benchmark's and the integration tests').
 //!
-//! Owns: a small, dependency-free writer and load generator for the demo and for tests (N
-//! connections, a record count, an optional rate, a mix of JSON and plain-text lines). Must not:
-//! be used to make claims about speed; that is the benchmark's job (its own command, with its
-//! own checks).
+//! Owns: a small, dependency-free writer, and loadgen's records (N connections, a record count,
+//! an optional rate, a mix of JSON and plain-text lines). Must not: be used to make claims about
+//! speed; that is the benchmark's job (its own tool, `sluice-bench`, with its own checks).
+
+pub mod load;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 /// What to send.
@@ -36,7 +39,7 @@ pub struct LoadReport {
     pub records: u64,
     /// Bytes written, newlines included.
     pub bytes: u64,
-    /// Wall time from first connect to last close.
+    /// Wall time from the first write to the last close.
     pub elapsed: Duration,
 }
 
@@ -86,49 +89,35 @@ fn fit(line: &mut String, size: usize) {
     }
 }
 
-/// Sends the load and waits until every connection has written and closed.
-pub async fn run(spec: &LoadSpec) -> std::io::Result<LoadReport> {
-    let started = Instant::now();
-    let connections = spec.connections.max(1);
-    let mut tasks = Vec::new();
-    for connection in 0..connections {
-        let share = spec.records / u64::from(connections)
-            + u64::from(u64::from(connection) < spec.records % u64::from(connections));
-        let spec = spec.clone();
-        tasks.push(tokio::spawn(async move { load_connection(&spec, connection, share, connections).await }));
+impl LoadSpec {
+    /// The generator and loadgen's records for this spec (buffered writes).
+    pub fn generator(&self) -> (load::Load, load::Records) {
+        let generator = load::Load {
+            socket: self.socket.clone(),
+            connections: self.connections,
+            amount: load::Amount::Records(self.records),
+            rate: self.rate,
+            writes: load::Writes::Buffered,
+        };
+        let (text_every, size) = (self.text_every, self.size);
+        let records: load::Records = Arc::new(move |connection, index| {
+            let mut line = sample_record(connection, index, text_every);
+            if size > 0 {
+                fit(&mut line, size);
+            }
+            line.push('\n');
+            line.into_bytes()
+        });
+        (generator, records)
     }
-    let mut bytes = 0;
-    for task in tasks {
-        bytes += task.await.map_err(std::io::Error::other)??;
-    }
-    Ok(LoadReport { records: spec.records, bytes, elapsed: started.elapsed() })
 }
 
-async fn load_connection(spec: &LoadSpec, connection: u32, records: u64, connections: u32) -> std::io::Result<u64> {
-    let stream = UnixStream::connect(&spec.socket).await?;
-    let mut writer = BufWriter::with_capacity(64 * 1024, stream);
-    let per_connection_rate = spec.rate as f64 / f64::from(connections);
-    let started = Instant::now();
-    let mut bytes = 0;
-    for index in 0..records {
-        if per_connection_rate > 0.0 {
-            let due = started + Duration::from_secs_f64(index as f64 / per_connection_rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                writer.flush().await?;
-                tokio::time::sleep(wait).await;
-            }
-        }
-        let mut line = sample_record(connection, index, spec.text_every);
-        if spec.size > 0 {
-            fit(&mut line, spec.size);
-        }
-        line.push('\n');
-        writer.write_all(line.as_bytes()).await?;
-        bytes += line.len() as u64;
-    }
-    writer.flush().await?;
-    writer.into_inner().shutdown().await?;
-    Ok(bytes)
+/// Sends the load and waits until every connection has written and closed (blocking: the
+/// generator's threads do the writing).
+pub fn run(spec: &LoadSpec) -> std::io::Result<LoadReport> {
+    let (generator, records) = spec.generator();
+    let report = generator.run(records)?;
+    Ok(LoadReport { records: report.records, bytes: report.bytes, elapsed: report.elapsed })
 }
 
 /// Writes each of `records` as one line, or, when there are none, copies `stdin` to the socket

@@ -166,13 +166,13 @@ fn main() -> ExitCode {
         Command::Bench(command) => report(cli::bench::run(command)),
         Command::Loadgen { socket, records, connections, rate, text_every, size } => {
             let spec = client::LoadSpec { socket, records, connections, rate, text_every, size };
-            report(runtime().and_then(|rt| rt.block_on(loadgen_main(spec))))
+            report(loadgen(&spec))
         }
     }
 }
 
-async fn loadgen_main(spec: client::LoadSpec) -> anyhow::Result<()> {
-    let report = client::run(&spec).await.with_context(|| format!("writing to {}", spec.socket.display()))?;
+fn loadgen(spec: &client::LoadSpec) -> anyhow::Result<()> {
+    let report = client::run(spec).with_context(|| format!("writing to {}", spec.socket.display()))?;
     println!(
         "sent {} records ({:.1} MiB) over {} connections in {:.2}s: {:.0} records/s",
         report.records,

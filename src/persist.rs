@@ -167,6 +167,7 @@ pub async fn run(
 ) -> Result<(), PersistError> {
     telemetry::register_persist_series();
     let admin = AdminServer::open(admin, &config.persist.admin_listen, ConfigEndpoint::persist(&config)).await?;
+    admin.announce(config.persist.admin_address_file.as_deref())?;
     let health = Arc::new(Health::default());
     let background = CancellationToken::new();
     let ready = health.readiness();

@@ -5,15 +5,16 @@
 //! read at a glance (rates, depth, age, drops, lag). Must not: need anything but the admin port
 //! (no Prometheus server), or print more than fits a terminal.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use crate::telemetry;
 use crate::telemetry::outcome::Reload;
+use crate::telemetry::scrape::Scrape;
+
+/// How long one read of the admin port may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -33,101 +34,13 @@ pub enum StatusError {
     NotSluice(SocketAddr),
 }
 
-/// One scrape, by series (`name{labels}`) and by name (summed over labels).
-#[derive(Debug, Default, Clone)]
-pub struct Scrape {
-    series: BTreeMap<String, f64>,
-}
-
-impl Scrape {
-    /// Parses Prometheus text exposition (comments ignored).
-    pub fn parse(text: &str) -> Self {
-        let series = text
-            .lines()
-            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-            .filter_map(|line| {
-                let (series, value) = line.rsplit_once(' ')?;
-                Some((series.to_string(), value.parse().ok()?))
-            })
-            .collect();
-        Self { series }
-    }
-
-    /// The sum of every series of `name` whose labels contain all of `labels` (`key="value"`).
-    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
-        self.series
-            .iter()
-            .filter(|(series, _)| {
-                let base = series.split('{').next().unwrap_or_default();
-                base == name && labels.iter().all(|label| series.contains(label))
-            })
-            .map(|(_, value)| value)
-            .sum::<f64>()
-            + 0.0 // an empty sum is -0.0; show 0
-    }
-
-    /// Values of `name` by the value of label `key`.
-    pub fn by_label(&self, name: &str, key: &str) -> BTreeMap<String, f64> {
-        let prefix = format!("{name}{{");
-        let needle = format!("{key}=\"");
-        self.series
-            .iter()
-            .filter(|(series, _)| series.starts_with(&prefix))
-            .filter_map(|(series, value)| {
-                let start = series.find(&needle)? + needle.len();
-                let end = series[start..].find('"')? + start;
-                Some((series[start..end].to_string(), *value))
-            })
-            .collect()
-    }
-
-    /// The value of label `key` on the first series of `name`.
-    pub fn label(&self, name: &str, key: &str) -> Option<String> {
-        self.by_label(name, key).into_keys().next()
-    }
-
-    /// A quantile estimated from a histogram's buckets (linear within a bucket), or `None`.
-    pub fn quantile(&self, name: &str, q: f64) -> Option<f64> {
-        let mut buckets: Vec<(f64, f64)> = self
-            .by_label(&format!("{name}_bucket"), "le")
-            .into_iter()
-            .filter_map(|(le, count)| Some((if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? }, count)))
-            .collect();
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let total = buckets.last()?.1;
-        if total <= 0.0 {
-            return None;
-        }
-        let target = q * total;
-        let mut previous = (0.0, 0.0);
-        for (bound, count) in buckets {
-            if count >= target {
-                if bound.is_infinite() {
-                    return Some(previous.0);
-                }
-                let span = (count - previous.1).max(f64::EPSILON);
-                return Some(previous.0 + (bound - previous.0) * (target - previous.1) / span);
-            }
-            previous = (bound, count);
-        }
-        None
-    }
-}
-
-/// Reads `path` from the admin server at `address` (plain HTTP/1.0, no client library needed).
+/// Reads `path` from the admin server at `address` (its body, whatever the status: `/readyz`
+/// says why it is not ready in a 503's body).
 pub async fn fetch(address: SocketAddr, path: &'static str) -> Result<String, StatusError> {
-    let http = |source| StatusError::Http { address, path, source };
-    let request = async {
-        let mut stream = tokio::net::TcpStream::connect(address).await?;
-        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes()).await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok::<_, std::io::Error>(response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
-    };
-    tokio::time::timeout(Duration::from_secs(5), request)
+    crate::admin::client::get(address, path, FETCH_TIMEOUT)
         .await
-        .map_err(|_| http(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 5s")))?
-        .map_err(http)
+        .map(|response| response.body)
+        .map_err(|source| StatusError::Http { address, path, source })
 }
 
 /// Takes two scrapes `interval` apart and renders the view.
@@ -143,7 +56,7 @@ pub async fn status(address: SocketAddr, interval: Duration) -> Result<String, S
     Ok(render(&first, &second, started.elapsed(), ready.trim()))
 }
 
-fn rate(first: &Scrape, second: &Scrape, name: &str, labels: &[&str], seconds: f64) -> f64 {
+fn rate(first: &Scrape, second: &Scrape, name: &str, labels: &[(&str, &str)], seconds: f64) -> f64 {
     ((second.sum(name, labels) - first.sum(name, labels)) / seconds).max(0.0)
 }
 
@@ -241,8 +154,8 @@ pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -
             .into_iter()
             .find(|(_, value)| *value > 0.0)
             .map_or("-".into(), |(hash, _)| hash),
-        second.sum(telemetry::CONFIG_RELOADS, &[&format!("result=\"{}\"", Reload::Applied.as_str())]),
-        second.sum(telemetry::CONFIG_RELOADS, &[&format!("result=\"{}\"", Reload::Rejected.as_str())]),
+        second.sum(telemetry::CONFIG_RELOADS, &[("result", Reload::Applied.as_str())]),
+        second.sum(telemetry::CONFIG_RELOADS, &[("result", Reload::Rejected.as_str())]),
     );
     out
 }

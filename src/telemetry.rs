@@ -13,6 +13,7 @@ use crate::config::{LogConfig, LogFormat};
 
 pub mod librdkafka;
 pub mod outcome;
+pub mod scrape;
 
 /// Label key for the cause of a rejection, drop or failure.
 pub const REASON: &str = "reason";

@@ -44,19 +44,10 @@ fn quick() -> Limits {
     Limits { max_connections: 4, header_read_timeout: Duration::from_millis(300), lifetime: Duration::from_secs(1) }
 }
 
-/// One HTTP/1.0 GET: status and body.
+/// One HTTP/1.0 GET (the admin client's): status and body.
 async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let exchange = async {
-        let mut stream = TcpStream::connect(address).await.expect("connect");
-        stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.expect("write");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.expect("read");
-        response
-    };
-    let response = tokio::time::timeout(Duration::from_secs(5), exchange).await.expect("a response within 5s");
-    let status = response.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
-    (status, body)
+    let response = client::get(address, path, Duration::from_secs(5)).await.expect("a response within 5s");
+    (response.status, response.body)
 }
 
 /// How long until the server closes `stream` (end of file or reset), if within `limit`.

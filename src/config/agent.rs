@@ -2,6 +2,7 @@
 //!
 //! Owns: the section's schema and checks. Must not: start anything.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,10 @@ pub struct AgentConfig {
     /// `false`. Unset (the default): only when `admin_listen` is a loopback address; elsewhere
     /// `/config` answers 403 saying how to enable it.
     pub admin_config_endpoint: Option<bool>,
+    /// Write the admin server's bound address (`127.0.0.1:40123`) to this file once it
+    /// listens: with `admin_listen` on port 0 the kernel picks a free port, and this file says
+    /// which (the tests and the benchmark start every agent so). Unset (the default): no file.
+    pub admin_address_file: Option<PathBuf>,
     /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
     /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
     #[serde(with = "humantime_serde")]
@@ -29,6 +34,7 @@ impl Default for AgentConfig {
         Self {
             admin_listen: "127.0.0.1:9464".into(),
             admin_config_endpoint: None,
+            admin_address_file: None,
             drain_timeout: Duration::from_secs(20),
         }
     }

@@ -3,6 +3,7 @@
 //! Owns: the section's schema and checks. Must not: connect to anything.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytesize::ByteSize;
@@ -19,6 +20,9 @@ pub struct PersistConfig {
     /// Serve `/config` on the admin server: as `agent.admin_config_endpoint`. Unset (the
     /// default): only when `admin_listen` is a loopback address.
     pub admin_config_endpoint: Option<bool>,
+    /// Write the admin server's bound address to this file once it listens: as
+    /// `agent.admin_address_file`. Unset (the default): no file.
+    pub admin_address_file: Option<PathBuf>,
     /// On SIGTERM, how long to write the batches in hand (retrying if PostgreSQL fails); what is
     /// not written by then is re-read by the next owner. The final offset commit and the
     /// consumer's close then get up to 5 s more (`persist::CLOSE_TIMEOUT`). Default `20s`.
@@ -59,6 +63,7 @@ impl Default for PersistConfig {
         Self {
             admin_listen: "127.0.0.1:9465".into(),
             admin_config_endpoint: None,
+            admin_address_file: None,
             drain_timeout: Duration::from_secs(20),
             group_id: "sluice-persist".into(),
             batch_max_records: 5000,

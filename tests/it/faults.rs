@@ -645,7 +645,6 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
 
     // First run: Kafka unreachable, so 300 records stay in the spool.
     spool_and_stop(&setup, "fullstart", 300).await;
-    let admin = config.agent_admin();
 
     // Damage the segment in its middle (a repair needs room for a copy), then fill the disk.
     let segment = std::fs::read_dir(&spool)
@@ -663,6 +662,7 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
 
     // Second run, on the full disk: it comes up and serves.
     let (_, mut agent) = setup.listening_agent().await;
+    let admin = agent.admin();
     let recovered =
         until_metric_at_least(admin, telemetry::SPOOL_RECOVERED, &[], 1.0).await.count(telemetry::SPOOL_RECOVERED, &[]);
     assert!((250.0..300.0).contains(&recovered), "recovered {recovered}");

@@ -82,8 +82,10 @@ struct Slot {
 }
 
 impl Slot {
+    /// The admin address the running process bound (port 0 in its config); while it has none
+    /// (down, or not yet bound) an address where nothing listens, so a scrape fails as it would.
     fn admin(&self) -> std::net::SocketAddr {
-        if self.agent { self.config.agent_admin() } else { self.config.persist_admin() }
+        self.process.as_ref().and_then(Process::bound_admin).unwrap_or_else(|| ([127, 0, 0, 1], 1).into())
     }
 
     async fn start(&mut self) {
@@ -100,9 +102,9 @@ impl Slot {
         // Until its admin server answers, a signal may come before the process installed its
         // handlers (a SIGTERM would kill it without a drain or final counts): the next fault on
         // it waits for that, a bounded while (a process that cannot start is the supervisor's).
-        let (admin, deadline) = (self.admin(), Instant::now() + Duration::from_secs(20));
+        let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline && self.process.as_mut().is_some_and(Process::running) {
-            if http_get(admin, "/healthz").await.is_ok_and(|(status, _)| status == 200) {
+            if http_get(self.admin(), "/healthz").await.is_ok_and(|(status, _)| status == 200) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,5 +1,6 @@
-//! Steady load for fault tests: numbered records written at a rate until stopped, plain or in
-//! acknowledged mode, so that a test can say at the end exactly which records must be stored.
+//! Steady load for fault tests: numbered records written at a rate until stopped, plain (the
+//! one load generator, `sluice::client::load`) or in acknowledged mode, so that a test can say
+//! at the end exactly which records must be stored.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -7,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sluice::client::load::{self as generator, Amount, Records, Running, Writes};
 use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckReader, Settled, open_acknowledged};
@@ -24,56 +25,40 @@ pub fn numbers_in(tag: &str, payloads: &[String]) -> Vec<u64> {
     payloads.iter().filter_map(|p| p.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).collect()
 }
 
-/// Numbered records written at a steady rate over several connections until stopped.
-pub struct Load {
-    stop: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    written: Arc<AtomicU64>,
-}
+/// Numbered records written at a steady rate over several connections until stopped (the one
+/// load generator, `sluice::client::load`, numbering across connections in the order written).
+pub struct Load(Running);
 
 impl Load {
     /// Starts writing `rate` records/s in total over `connections` connections to `socket`.
+    /// A blocked write (block policy, full buffer) is what an app feels; the load just waits
+    /// with it.
     pub fn start(socket: &Path, tag: &str, rate: u64, connections: u64) -> Self {
-        let stop = CancellationToken::new();
-        let written = Arc::new(AtomicU64::new(0));
         let next = Arc::new(AtomicU64::new(0));
-        let tasks = (0..connections)
-            .map(|_| {
-                let (socket, tag, stop, written, next) =
-                    (socket.to_path_buf(), tag.to_string(), stop.clone(), written.clone(), next.clone());
-                tokio::spawn(async move {
-                    let mut stream = UnixStream::connect(&socket).await.expect("connect for load");
-                    let per_tick = (rate / connections / 100).max(1);
-                    let mut tick = tokio::time::interval(Duration::from_millis(10));
-                    while !stop.is_cancelled() {
-                        tick.tick().await;
-                        let mut text = String::new();
-                        let mut numbers = 0;
-                        for _ in 0..per_tick {
-                            text.push_str(&numbered(&tag, next.fetch_add(1, Ordering::Relaxed)));
-                            text.push('\n');
-                            numbers += 1;
-                        }
-                        // A blocked write (block policy, full buffer) is what an app feels; the
-                        // load just waits with it.
-                        stream.write_all(text.as_bytes()).await.expect("the agent keeps reading while the load runs");
-                        written.fetch_add(numbers, Ordering::Relaxed);
-                    }
-                    let _ = stream.shutdown().await;
-                })
-            })
-            .collect();
-        Self { stop, tasks, written }
+        let tag = tag.to_string();
+        let records: Records = Arc::new(move |_, _| {
+            let mut line = numbered(&tag, next.fetch_add(1, Ordering::Relaxed)).into_bytes();
+            line.push(b'\n');
+            line
+        });
+        let generator = generator::Load {
+            socket: socket.to_path_buf(),
+            connections: u32::try_from(connections).expect("a few connections"),
+            amount: Amount::UntilStopped,
+            rate,
+            writes: Writes::Buffered,
+        };
+        Self(generator.start(records).expect("connect for load"))
     }
 
     /// Stops, closes the connections and returns how many records were written (numbered
     /// 0..that).
     pub async fn stop(self) -> u64 {
-        self.stop.cancel();
-        for task in self.tasks {
-            tokio::time::timeout(Duration::from_secs(60), task).await.expect("load stops").expect("load task");
-        }
-        self.written.load(Ordering::Relaxed)
+        let running = self.0;
+        let stopped =
+            tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(move || running.stop()));
+        let report = stopped.await.expect("load stops").expect("load threads");
+        report.expect("the agent keeps reading while the load runs").records
     }
 }
 
