@@ -143,11 +143,14 @@ impl TestConfig {
         self.admins.lock().expect("admins").persist.expect("no persister started from this config yet: ask its Process")
     }
 
-    pub(crate) fn started_agent(&self, admin: SocketAddr) {
+    /// Records where the agent started from this config listens (done by the starters here; a
+    /// test that runs the role in its own runtime, on a listener it bound, says it itself).
+    pub fn started_agent(&self, admin: SocketAddr) {
         self.admins.lock().expect("admins").agent = Some(admin);
     }
 
-    pub(crate) fn started_persister(&self, admin: SocketAddr) {
+    /// Records where the persister started from this config listens; see [`Self::started_agent`].
+    pub fn started_persister(&self, admin: SocketAddr) {
         self.admins.lock().expect("admins").persist = Some(admin);
     }
 

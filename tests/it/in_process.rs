@@ -63,6 +63,10 @@ impl<T: Debug> InProcess<T> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind an admin port");
         let admin = listener.local_addr().expect("bound");
         config.set(section, "admin_listen", admin.to_string());
+        match section {
+            "agent" => config.started_agent(admin),
+            _ => config.started_persister(admin),
+        }
         let loaded = Config::load(&config.write()).expect("the test config is valid");
         let stop = CancellationToken::new();
         let task = run(loaded, AdminListener::Bound(listener), stop.clone());
