@@ -17,8 +17,5 @@ mod protocols;
 mod reload;
 mod schema;
 mod soak;
-// The wait helpers that `support/scenario.rs` replaced (`wait_for_rows`, `wait_for_count`,
-// `start_pipeline`, `committed_offset`) are still in support.rs, unused, until they are deleted.
-#[allow(dead_code)]
 mod support;
 mod tls;

@@ -32,8 +32,8 @@ pub use scenario::{
     until_nothing_left, until_rows, until_rows_within, until_scrape, until_settled,
 };
 pub use sluice_harness::{
-    Process, Services, TestConfig, WAIT, eventually, free_port, http_get, services, start_agent, start_persister,
-    unique, wait_ready, within,
+    Process, Services, TestConfig, WAIT, free_port, http_get, services, start_agent, start_persister, unique,
+    wait_ready, within,
 };
 
 /// Creates a topic with `partitions` partitions on the broker at `bootstrap`.
@@ -47,16 +47,6 @@ pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     for result in results {
         result.unwrap_or_else(|(topic, error)| panic!("cannot create topic {topic}: {error}"));
     }
-}
-
-/// Scrapes until counter `name{labels}` reads `value` (a count follows the commit that made a
-/// row visible by a moment); the scrape that showed it.
-pub async fn wait_for_count(admin: SocketAddr, name: &str, labels: &[(&str, &str)], value: f64) -> Metrics {
-    eventually(&format!("{name}{labels:?} = {value}"), || async {
-        let metrics = scrape(admin).await;
-        (metrics.count(name, labels) == value).then_some(metrics)
-    })
-    .await
 }
 
 /// The Prometheus text of `/metrics`.
@@ -106,19 +96,6 @@ pub async fn row_count(client: &tokio_postgres::Client) -> i64 {
     }
 }
 
-/// Waits until `logs` holds at least `n` rows; returns the count seen.
-pub async fn wait_for_rows(client: &tokio_postgres::Client, n: i64, limit: Duration) -> i64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let count = row_count(client).await;
-        if count >= n {
-            return count;
-        }
-        assert!(Instant::now() < deadline, "only {count} of {n} rows after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Writes `lines` (each followed by `\n`) on one connection and closes it.
 pub async fn send_lines(socket: &Path, lines: &[Vec<u8>]) {
     let mut stream =
@@ -145,20 +122,6 @@ pub struct Pipeline {
     pub config: TestConfig,
 }
 
-/// Creates a topic with `partitions` partitions, lets `configure` adjust the config, then starts
-/// a persister and an agent and waits until both are ready.
-pub async fn start_pipeline(prefix: &str, partitions: i32, configure: impl FnOnce(&mut TestConfig)) -> Pipeline {
-    let services = services();
-    let topic = unique(prefix);
-    create_topic(&services.kafka, &topic, partitions).await;
-    let mut config = TestConfig::new(&services, &topic);
-    configure(&mut config);
-    let persister = start_persister(&config).await;
-    let agent = start_agent(&config).await;
-    let db = pg(&services, &config.schema()).await;
-    Pipeline { topic, config, persister, agent, db }
-}
-
 /// Produces `payloads` to `topic` (partition 0), in order, and waits until Kafka has each.
 pub async fn produce(bootstrap: &str, topic: &str, payloads: &[Vec<u8>]) {
     use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -182,18 +145,6 @@ pub fn envelope(id: &str, ingest_time: &str, record: &str) -> Vec<u8> {
 /// Now, as an envelope's `ingest_time`.
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-}
-
-/// The offset consumer group `group` has committed for `topic`/`partition`, if any (asked of
-/// the group coordinator without joining the group).
-pub async fn committed_offset(bootstrap: &str, group: &str, topic: &str, partition: i32) -> Option<i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", group).create().expect("consumer");
-    let mut wanted = rdkafka::TopicPartitionList::new();
-    wanted.add_partition(topic, partition);
-    let committed = tokio::task::block_in_place(|| consumer.committed_offsets(wanted, Duration::from_secs(10))).ok()?;
-    committed.find_partition(topic, partition)?.offset().to_raw().filter(|offset| *offset >= 0)
 }
 
 /// What a topic holds, read from offset 0 to its end: how many messages, and the record id and
