@@ -185,8 +185,7 @@ sluice_config_info{hash="deadbeef"} 1
     #[test]
     fn the_agent_view_shows_rates_depth_age_and_drops() {
         let first = Scrape::parse(AGENT);
-        let second =
-            Scrape::parse(&AGENT.replace("sluice_ingest_records_total 100", "sluice_ingest_records_total 300"));
+        let second = Scrape::parse(&AGENT.replace("_ingest_records_total 100", "_ingest_records_total 300"));
         let view = render(&first, &second, Duration::from_secs(2), "ready");
         assert!(view.starts_with("sluice agent 0.1.0 (abc) — ready"), "{view}");
         assert!(view.contains("in 100/s"), "{view}");
@@ -199,16 +198,19 @@ sluice_config_info{hash="deadbeef"} 1
     #[test]
     fn quantiles_interpolate_within_a_bucket() {
         let scrape = Scrape::parse(AGENT);
-        let p50 = scrape.quantile("sluice_ship_delivery_latency_seconds", 0.5).expect("p50");
+        let p50 = scrape.quantile(telemetry::SHIP_DELIVERY_LATENCY, 0.5).expect("p50");
         assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
-        assert_eq!(scrape.quantile("sluice_nothing", 0.5), None);
+        assert_eq!(scrape.quantile("no_such_metric", 0.5), None);
     }
 
     #[test]
     fn the_persister_view_shows_lag_per_partition() {
-        let text = "sluice_build_info{version=\"0.1.0\",git_sha=\"abc\",role=\"persist\"} 1\n\
-                    sluice_persist_lag_records{partition=\"0\"} 5\nsluice_persist_lag_records{partition=\"1\"} 7\n\
-                    sluice_persist_lag_seconds{partition=\"1\"} 3.5\n";
+        let text = r#"
+sluice_build_info{version="0.1.0",git_sha="abc",role="persist"} 1
+sluice_persist_lag_records{partition="0"} 5
+sluice_persist_lag_records{partition="1"} 7
+sluice_persist_lag_seconds{partition="1"} 3.5
+"#;
         let scrape = Scrape::parse(text);
         let view = render(&scrape, &scrape, Duration::from_secs(1), "ready");
         assert!(view.contains("lag       12 records (p0 5, p1 7)   3.5 s behind"), "{view}");

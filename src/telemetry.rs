@@ -124,6 +124,8 @@ pub const PERSIST_REBALANCES: &str = "sluice_persist_rebalances_total";
 /// Config reloads (SIGHUP or a changed file), by `result`: `applied`, `rejected` (did not
 /// validate; the running config stays), `unchanged`.
 pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
+/// What every metric name of sluice starts with.
+pub const PREFIX: &str = "sluice_";
 /// 1 for the running config's fingerprint (`hash`), 0 for earlier ones.
 pub const CONFIG_INFO: &str = "sluice_config_info";
 /// Always 1; `version` and `git_sha` say which build runs, `role` (`agent`, `persist`) which

@@ -437,6 +437,42 @@ mod tests {
         assert!(offences.is_empty(), "use telemetry::outcome and the telemetry constants:\n{}", offences.join("\n"));
     }
 
+    /// Tests, the harness and the benchmarks, and the crate's own test modules, name metrics
+    /// through the `telemetry` constants too (a Prometheus text fixture is data: it may spell
+    /// them, but not as a quoted literal that starts with the name).
+    #[test]
+    fn no_metric_name_is_written_as_a_string_outside_telemetry_in_tests_and_tools_either() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut offences = Vec::new();
+        let mut dirs: Vec<_> = ["src", "tests", "harness", "benches"].iter().map(|dir| root.join(dir)).collect();
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.filter_map(Result::ok) {
+                let path = entry.path();
+                let relative = path.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
+                if path.is_dir() {
+                    if !relative.ends_with("target") {
+                        dirs.push(path);
+                    }
+                    continue;
+                }
+                if !relative.ends_with(".rs")
+                    || relative == "src/telemetry.rs"
+                    || relative.starts_with("src/telemetry/")
+                {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).expect("source");
+                for (number, line) in text.lines().enumerate() {
+                    if line.contains(&format!("\"{}", super::super::PREFIX)) && !line.trim_start().starts_with("//") {
+                        offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(offences.is_empty(), "use the telemetry constants:\n{}", offences.join("\n"));
+    }
+
     /// docs/METRICS.md lists every reason of each counter, and docs/PROTOCOL.md every NAK word.
     #[test]
     fn the_docs_list_every_reason() {

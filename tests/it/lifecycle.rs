@@ -107,10 +107,11 @@ async fn both_processes_expose_the_documented_metrics() {
     assert_eq!(agent.value(telemetry::SHIP_DELIVERY_ERRORS, &[("reason", "message_timed_out")]), Some(0.0));
     assert_eq!(agent.value(telemetry::INGEST_REJECTED, &[("reason", "invalid_utf8")]), Some(1.0));
 
+    let bucket = format!("{}_bucket", telemetry::PERSIST_BATCH_SECONDS);
     let names = [
         telemetry::PERSIST_ROWS,
         telemetry::PERSIST_BATCHES,
-        "sluice_persist_batch_duration_seconds_bucket",
+        bucket.as_str(),
         telemetry::PERSIST_CONSUMED,
         telemetry::PERSIST_ASSIGNED_PARTITIONS,
     ];

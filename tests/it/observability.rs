@@ -12,7 +12,7 @@ use sluice::telemetry;
 fn metric_names(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut rest = text;
-    while let Some(start) = rest.find("sluice_") {
+    while let Some(start) = rest.find(telemetry::PREFIX) {
         let tail = &rest[start..];
         let end =
             tail.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')).unwrap_or(tail.len());
@@ -97,9 +97,10 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     // Plausible values, not just names.
     assert_eq!(agent.count(telemetry::INGEST_RECORDS, &[]), 501.0);
     assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 501.0);
-    assert_eq!(agent.count("sluice_ship_delivery_latency_seconds_count", &[]), 501.0);
+    assert_eq!(agent.count(&format!("{}_count", telemetry::SHIP_DELIVERY_LATENCY), &[]), 501.0);
     assert!(agent.count(telemetry::SPOOL_CAPACITY_BYTES, &[]) > 0.0);
     assert_eq!(persister.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "contains_nul")]), 1.0);
-    let build = agent.0.lines().find(|line| line.starts_with("sluice_build_info{")).expect("build info");
+    let build =
+        agent.0.lines().find(|line| line.starts_with(&format!("{}{{", telemetry::BUILD_INFO))).expect("build info");
     assert!(build.contains("role=\"agent\"") && build.contains("git_sha=\""), "{build}");
 }

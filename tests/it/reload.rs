@@ -62,10 +62,17 @@ async fn sighup_applies_a_new_policy_rejects_an_invalid_file_and_keeps_restart_o
     agent.signal("HUP");
     until_metric_at_least(admin, telemetry::CONFIG_RELOADS, &[("result", "rejected")], 1.0).await;
     assert!(running_config(config).await.contains("when_full = \"drop_oldest\""));
-    let hash = after.0.lines().find(|l| l.starts_with("sluice_config_info{") && l.ends_with(" 1")).map(str::to_owned);
+    let hash = after
+        .0
+        .lines()
+        .find(|l| l.starts_with(&format!("{}{{", telemetry::CONFIG_INFO)) && l.ends_with(" 1"))
+        .map(str::to_owned);
     let now = scrape(config.agent_admin()).await;
     assert_eq!(
-        now.0.lines().find(|l| l.starts_with("sluice_config_info{") && l.ends_with(" 1")).map(str::to_owned),
+        now.0
+            .lines()
+            .find(|l| l.starts_with(&format!("{}{{", telemetry::CONFIG_INFO)) && l.ends_with(" 1"))
+            .map(str::to_owned),
         hash
     );
     assert!(agent.log_text().contains("config reload rejected"));

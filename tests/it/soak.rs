@@ -642,7 +642,7 @@ async fn evidence(world: &World) -> String {
             _ => "(no scrape)".into(),
         };
         let sluice: Vec<&str> =
-            metrics.lines().filter(|l| l.starts_with("sluice_") && !l.contains("_bucket")).collect();
+            metrics.lines().filter(|l| l.starts_with(telemetry::PREFIX) && !l.contains("_bucket")).collect();
         let log = slot.logs.last().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
         text.push_str(&format!(
             "\n=== {} metrics:\n{}\n=== {} log tail:\n{}\n",

@@ -382,5 +382,5 @@ pub async fn until_nothing_left(config: &TestConfig) {
 
 /// The non-zero `sluice_*` series of a scrape, for a failure message.
 pub fn nonzero(metrics: &Metrics) -> String {
-    metrics.0.lines().filter(|l| l.starts_with("sluice_") && !l.ends_with(" 0")).collect::<Vec<_>>().join("\n")
+    metrics.0.lines().filter(|l| l.starts_with(telemetry::PREFIX) && !l.ends_with(" 0")).collect::<Vec<_>>().join("\n")
 }
