@@ -31,9 +31,25 @@ apt_install() {
 # True when something accepts TCP connections on 127.0.0.1:$1.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# The sum of every series (all labels) of the metrics whose names start with $2, scraped from
-# the admin address $1 (host:port).
-metric_sum() { curl -fsS "http://$1/metrics" | awk -v name="$2" 'index($1, name) == 1 { s += $2 } END { printf "%.0f", s }'; }
+# The benchmark tool and the release sluice it measures (two builds: the tool's dependencies
+# must not change the binary's features). Sets $BENCH and exports SLUICE_BIN and SLUICE_ROOT.
+build_bench() {
+  cargo build --release --locked --quiet --bin sluice
+  cargo build --release --locked --quiet -p sluice-harness --bin sluice-bench
+  BENCH="$CARGO_TARGET_DIR/release/sluice-bench"
+  export SLUICE_BIN="$CARGO_TARGET_DIR/release/sluice" SLUICE_ROOT
+}
+
+# Closes every descriptor above stderr in this (sub)shell: a daemon started from it then holds
+# only its own. One inherited from the caller would stay open as long as the daemon runs; a
+# `flock` on the stack's lock, say, stays held (scripts/bench restarts the broker under it).
+close_inherited_fds() {
+  local fd
+  for fd in /proc/"$BASHPID"/fd/*; do
+    fd=${fd##*/}
+    if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+}
 
 # True when the pid in file $1 is alive and its command line contains $2
 # (guards against a recycled pid after a reboot).

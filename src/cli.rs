@@ -1,4 +1,3 @@
 //! The `sluice` binary's subcommands that are more than a line of `main`.
 
-pub mod bench;
 pub mod serve;

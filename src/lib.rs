@@ -8,7 +8,6 @@
 
 pub mod admin;
 pub mod agent;
-pub mod bench;
 pub mod buffer;
 pub mod client;
 pub mod config;

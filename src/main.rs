@@ -112,9 +112,6 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         size: usize,
     },
-    /// Benchmark parts driven by scripts/bench; each prints one JSON object.
-    #[command(subcommand)]
-    Bench(cli::bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -163,7 +160,6 @@ fn main() -> ExitCode {
                     .with_context(|| format!("sending to {}", socket.display()))
             })
         })),
-        Command::Bench(command) => report(cli::bench::run(command)),
         Command::Loadgen { socket, records, connections, rate, text_every, size } => {
             let spec = client::LoadSpec { socket, records, connections, rate, text_every, size };
             report(loadgen(&spec))

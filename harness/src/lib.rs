@@ -10,6 +10,7 @@
 //! parse metrics or speak HTTP itself (`sluice::telemetry::scrape` and `sluice::admin::client`
 //! do, for `sluice status` too).
 
+pub mod bench;
 pub mod config;
 pub mod process;
 pub mod stack;

@@ -1,0 +1,197 @@
+//! The benchmark's Kafka side: the shipping ceiling (a raw librdkafka producer with the agent's
+//! settings), making sure a topic exists before a timed run, and counting what a topic holds.
+//!
+//! Owns: those four calls, all blocking (librdkafka's base clients; callers run them off the
+//! async runtime). Must not: produce anything but the ceiling's envelopes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use serde::Serialize;
+use sluice::envelope::{EnvelopeWriter, PodMetadata};
+
+use super::{BenchError, Shape};
+
+/// What the shipping ceiling did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProducerResult {
+    /// Records acknowledged by Kafka.
+    pub records: u64,
+    /// Bytes of message values acknowledged.
+    pub bytes: u64,
+    /// Wall time from the first send to the last acknowledgement.
+    pub seconds: f64,
+    /// Acknowledged records per second.
+    pub records_per_second: f64,
+    /// MiB of values per second.
+    pub mib_per_second: f64,
+}
+
+struct Acks {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+struct AckContext(Arc<Acks>);
+
+impl rdkafka::ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.0.ok.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.0.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// The shipping ceiling: a raw librdkafka producer with the agent's settings (acks=all,
+/// idempotence, compression, linger, batch size: `sluice::ship::producer_config` for `config`)
+/// sending `records` envelopes like the agent's for records of `shape` to `topic`, as fast as
+/// librdkafka takes them, until every one is acknowledged.
+#[expect(clippy::disallowed_methods, reason = "a blocking call by design, run off the async runtime")]
+pub fn producer_ceiling(
+    config: &sluice::config::Config,
+    topic: &str,
+    records: u64,
+    shape: &Shape,
+) -> Result<ProducerResult, BenchError> {
+    let buffer = sluice::buffer::Buffer::for_config(config);
+    let client = sluice::ship::producer_config(config, &buffer);
+    let acks = Arc::new(Acks { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let producer: ThreadedProducer<AckContext> = client.create_with_context(AckContext(Arc::clone(&acks)))?;
+    // Connected, topic known (auto-created if need be) before the clock starts, as the agent
+    // is when it reports ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metadata = producer.client().fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let ready = metadata.topics().iter().any(|t| {
+            t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
+        if ready || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let envelopes = EnvelopeWriter::new(&PodMetadata::default());
+    let mut envelope = Vec::new();
+    let mut bytes = 0u64;
+    let started = Instant::now();
+    for index in 0..records {
+        let line = shape.line(0, index);
+        let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
+        envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
+        bytes += envelope.len() as u64;
+        let mut message = BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]);
+        loop {
+            match producer.send(message) {
+                Ok(()) => break,
+                Err((error, back))
+                    if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    message = back;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let failed = acks.failed.load(Ordering::Relaxed);
+    if failed > 0 || acks.ok.load(Ordering::Relaxed) != records {
+        return Err(BenchError::Undelivered { records, failed: records - acks.ok.load(Ordering::Relaxed) });
+    }
+    Ok(ProducerResult {
+        records,
+        bytes,
+        seconds,
+        records_per_second: records as f64 / seconds,
+        mib_per_second: bytes as f64 / seconds / (1024.0 * 1024.0),
+    })
+}
+
+/// Makes sure `topic` exists (auto-created by a metadata request, as a producer's first send
+/// would) and every partition has a leader, so a timed run does not include topic creation.
+#[expect(clippy::disallowed_methods, reason = "a blocking call by design, run off the async runtime")]
+pub fn ensure_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", brokers).set("allow.auto.create.topics", "true").create()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let ready = metadata.topics().iter().any(|t| {
+            t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
+        if ready || Instant::now() > deadline {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What a topic holds, read to its end.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct TopicRecords {
+    /// Messages.
+    pub messages: u64,
+    /// Distinct record ids among the envelopes (rsyslog's raw lines count by content).
+    pub distinct: u64,
+}
+
+/// Reads `topic` from its beginning to its current end and counts messages and distinct record
+/// ids: after an outage the agent may have sent a record twice (at least once into Kafka; the
+/// persister stores one row per id).
+pub fn topic_records(brokers: &str, topic: &str) -> Result<TopicRecords, BenchError> {
+    use rdkafka::Message as _;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "sluice-bench")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut remaining = 0u64;
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        if high > low {
+            assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Offset(low))?;
+            remaining += u64::try_from(high - low).unwrap_or(0);
+        }
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut messages = 0u64;
+    if remaining > 0 {
+        consumer.assign(&assignment)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while messages < remaining && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_secs(1)) else { continue };
+        let message = message?;
+        messages += 1;
+        let payload = message.payload().unwrap_or_default();
+        match sluice::envelope::Envelope::parse(payload) {
+            Ok(envelope) => ids.insert(envelope.id.into_owned().into_bytes()),
+            Err(_) => ids.insert(payload.to_vec()),
+        };
+    }
+    Ok(TopicRecords { messages, distinct: ids.len() as u64 })
+}
+
+/// Messages in `topic` (the sum over partitions of high minus low watermark).
+pub fn topic_count(brokers: &str, topic: &str) -> Result<u64, BenchError> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut total = 0;
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        total += u64::try_from(high - low).unwrap_or(0);
+    }
+    Ok(total)
+}

@@ -1,0 +1,112 @@
+//! `sluice-bench`: the benchmark tool behind `scripts/bench`, `scripts/bench-spool` and
+//! `scripts/bench-connections` (which build it and run it with their arguments). Parses the
+//! command line, runs one benchmark, maps its outcome to an exit code; the benchmark itself is
+//! `sluice_harness::bench`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sluice_harness::bench::{connections, run, spool};
+
+#[derive(Parser)]
+#[command(name = "sluice-bench", about = "Sluice's benchmarks (scripts/bench, bench-spool, bench-connections)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// scripts/bench: every scenario, verified, into `bench/results/<time>/`.
+    Run {
+        /// Tiny counts, results in a temp dir (scripts/test runs this).
+        #[arg(long)]
+        smoke: bool,
+        /// RECORDS SIZE CONNECTIONS RATE SECONDS OUTAGE (defaults 1000000 256 4 10000 30 30;
+        /// with --smoke 20000 256 2 2000 2 3).
+        #[arg(num_args = 0..=6)]
+        values: Vec<u64>,
+    },
+    /// scripts/bench-spool: spool write throughput per fsync policy, drain after an outage.
+    Spool {
+        /// Records per fsync policy.
+        #[arg(default_value_t = 300_000)]
+        records: u64,
+        /// Seconds without a broker.
+        #[arg(default_value_t = 60)]
+        outage: u64,
+        /// Records per second meanwhile.
+        #[arg(default_value_t = 5000)]
+        rate: u64,
+    },
+    /// scripts/bench-connections: one busy connection beside idle and slowloris ones.
+    Connections {
+        /// Records the busy connection writes.
+        #[arg(default_value_t = 300_000)]
+        records: u64,
+        /// Idle connections.
+        #[arg(default_value_t = 1000)]
+        idle: u64,
+        /// Slowloris connections.
+        #[arg(default_value_t = 10)]
+        slow: u64,
+    },
+}
+
+/// The repository: `SLUICE_ROOT` (the scripts set it), else the current directory.
+fn root() -> PathBuf {
+    std::env::var_os("SLUICE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let services = sluice_harness::services();
+    let root = root();
+    let result = match cli.command {
+        Command::Run { smoke, values } => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            let settings = run::Settings::new(smoke, &values, args);
+            bench(settings, &root, services).await
+        }
+        Command::Spool { records, outage, rate } => {
+            spool::run(&spool::Settings { records, outage, rate }, &root, &services).await.map_err(anyhow::Error::from)
+        }
+        Command::Connections { records, idle, slow } => {
+            connections::run(&connections::Settings { records, idle, slow }, &services)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("[bench] error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The whole benchmark; its schemas are dropped whatever happened (a panicking helper too).
+async fn bench(
+    settings: run::Settings,
+    root: &std::path::Path,
+    services: sluice_harness::Services,
+) -> anyhow::Result<()> {
+    let bench = std::sync::Arc::new(run::Bench::new(settings, root, services).await?);
+    let outcome = tokio::spawn({
+        let bench = bench.clone();
+        async move { bench.run().await }
+    })
+    .await;
+    bench.cleanup().await;
+    let summary = outcome.map_err(|error| anyhow::anyhow!("the benchmark panicked: {error}"))??;
+    #[expect(clippy::print_stdout, reason = "the summary is the command's output")]
+    {
+        print!("{summary}");
+    }
+    Ok(())
+}
