@@ -19,6 +19,10 @@
 //!
 //! Settings come from the environment (scripts/soak sets them): `SLUICE_SOAK_SECONDS`,
 //! `SLUICE_SOAK_SEED`, `SLUICE_SOAK_SMOKE`, `SLUICE_SOAK_RESULTS` (a folder for `soak.json`).
+//!
+//! One file over the usual size (~1,000 lines), with `soak/` holding the fault schedule and the
+//! writers: what stays here is the one experiment — the fleet, its supervision and the account
+//! at the end — whose parts share the world's state and are read together to trust the account.
 
 mod faults;
 mod writers;
