@@ -102,8 +102,9 @@ pub async fn run(
     let (buffer, spool_writer) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
     let admin = AdminServer::open(admin, &config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
-    admin.announce(config.agent.admin_address_file.as_deref())?;
     let listeners = ingest::bind_all(&config.ingest)?;
+    // Announced once everything is bound: a reader of the file may then use the sockets too.
+    admin.announce(config.agent.admin_address_file.as_deref())?;
     let envelopes = EnvelopeWriter::new(&pod);
     info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");
 

@@ -20,11 +20,12 @@ use crate::wait::WAIT;
 /// How long [`http_get`] waits for an answer.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The `sluice` binary: `SLUICE_BIN`, or the one cargo built beside the running executable (a
+/// The `sluice` binary: `SLUICE_BENCH_BINARY` (the release build the benchmark measures; a name
+/// no test shell sets by habit), or the one cargo built beside the running executable (a
 /// test binary in `target/<profile>/deps/`, or `sluice-bench` in `target/<profile>/`; cargo
 /// builds a package's binaries before its integration tests).
 pub fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("SLUICE_BIN") {
+    if let Some(path) = std::env::var_os("SLUICE_BENCH_BINARY") {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the running executable's path");
@@ -45,6 +46,9 @@ pub struct Process {
     /// Where a `sluice agent` / `sluice persist` child writes the admin address it bound.
     admin_file: Option<PathBuf>,
     admin: OnceLock<SocketAddr>,
+    /// Set once the child is known to have exited (and been reaped): its pid may then be
+    /// another process's, so no signal goes to it.
+    exited: OnceLock<ExitStatus>,
 }
 
 impl Process {
@@ -83,12 +87,19 @@ impl Process {
             .stderr(file)
             .spawn()
             .unwrap_or_else(|error| panic!("start {name}: {error}"));
-        Self { child: Some(child), log, name, admin_file: None, admin: OnceLock::new() }
+        Self { child: Some(child), log, name, admin_file: None, admin: OnceLock::new(), exited: OnceLock::new() }
     }
 
     /// True while the process runs.
     pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|child| child.try_wait().ok().flatten().is_none())
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(Ok(Some(status))) => {
+                let _ = self.exited.set(status);
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Its pid.
@@ -96,8 +107,12 @@ impl Process {
         self.child.as_ref().map(|c| c.id() as i32).expect("running")
     }
 
-    /// Sends `signal` (`TERM`, `HUP`, `STOP`…) to its pid.
+    /// Sends `signal` (`TERM`, `HUP`, `STOP`…) to its pid; nothing once it is known to have
+    /// exited (the pid is no longer ours: it may be reused).
     pub fn signal(&self, signal: &str) {
+        if self.exited.get().is_some() {
+            return;
+        }
         let status =
             Command::new("kill").args([&format!("-{signal}"), &self.pid().to_string()]).status().expect("kill");
         assert!(status.success(), "kill -{signal} {}", self.pid());

@@ -725,9 +725,11 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
     let drain_started = Instant::now();
     let deadline = drain_started + DRAIN_LIMIT;
     for slot in &world.agents {
-        let admin = slot.lock().await.admin();
         let name = slot.lock().await.name.clone();
         let waited = drained(&format!("{name}'s buffer and spool"), deadline, || async move {
+            // Asked at every look: an agent still starting has no address yet, and one that
+            // restarted has a new one (port 0).
+            let admin = slot.lock().await.admin();
             let metrics = match http_get(admin, "/metrics").await {
                 Ok((200, body)) => Metrics(body),
                 _ => return Err("no scrape".to_string()),

@@ -64,11 +64,33 @@ async fn start(brokers: &str, fsync: &str, topic: &str) -> Result<(TestConfig, P
     Err(RunError::Failed(format!("agent did not start\n{}", agent.log_text())))
 }
 
-/// One metric of the agent (summed over its series; 0 when the scrape fails).
-async fn metric(agent: &Process, name: &str) -> f64 {
+/// One metric of the agent (summed over its series). A failed scrape is an error, never a 0
+/// that would look like an empty spool.
+async fn metric(agent: &Process, name: &str) -> Result<f64, RunError> {
     match crate::http_get(agent.admin(), "/metrics").await {
-        Ok((200, body)) => sluice::telemetry::scrape::Scrape::parse(&body).sum(name, &[]),
-        _ => 0.0,
+        Ok((200, body)) => Ok(sluice::telemetry::scrape::Scrape::parse(&body).sum(name, &[])),
+        Ok((status, _)) => {
+            Err(RunError::Failed(format!("the agent's /metrics answered {status}\n{}", agent.log_text())))
+        }
+        Err(error) => Err(RunError::Failed(format!("cannot scrape the agent: {error}\n{}", agent.log_text()))),
+    }
+}
+
+/// How long the spool may take to take in the load, or to drain after the outage.
+const SPOOL_WAIT: Duration = Duration::from_secs(600);
+
+/// Waits until `name` satisfies `done`, at most [`SPOOL_WAIT`]; the error says what it last saw.
+async fn until(agent: &Process, name: &str, what: &str, done: impl Fn(f64) -> bool) -> Result<(), RunError> {
+    let deadline = std::time::Instant::now() + SPOOL_WAIT;
+    loop {
+        let value = metric(agent, name).await?;
+        if done(value) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(RunError::Failed(format!("{what}: {name} is still {value} after {SPOOL_WAIT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -90,9 +112,7 @@ pub async fn run(settings: &Settings, root: &Path, services: &Services) -> Resul
             .await
             .map_err(|error| RunError::Failed(error.to_string()))?
             .map_err(|source| RunError::Io { what: "writing the load".into(), source })?;
-        while metric(&agent, telemetry::SPOOL_RECORDS).await != records as f64 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until(&agent, telemetry::SPOOL_RECORDS, "every record spooled", |spooled| spooled == records as f64).await?;
         let seconds = ((now() - started) * 100.0).round() / 100.0;
         say(&format!(
             "| {fsync} | {:.0} | {:.1} | {:.1} |",
@@ -111,21 +131,19 @@ pub async fn run(settings: &Settings, root: &Path, services: &Services) -> Resul
     let (load, records) = spec(&config.socket(), rate * (outage + 300), 2, rate).generator();
     let running = load.start(records).map_err(|source| RunError::Io { what: "connecting the load".into(), source })?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let steady = metric(&agent, telemetry::SPOOL_RECORDS).await;
+    let steady = metric(&agent, telemetry::SPOOL_RECORDS).await?;
     stack(root, "kafka-stop")?;
     let outage_started = now();
     tokio::time::sleep(Duration::from_secs(outage)).await;
-    let backlog = metric(&agent, telemetry::SPOOL_RECORDS).await;
-    let delivered_before = metric(&agent, telemetry::SHIP_DELIVERED).await;
+    let backlog = metric(&agent, telemetry::SPOOL_RECORDS).await?;
+    let delivered_before = metric(&agent, telemetry::SHIP_DELIVERED).await?;
     stack(root, "kafka-start")?;
     let back = now();
     // Empty again: the spool is back to what it held in steady state (records waiting for linger).
     let limit = steady.trunc() + rate as f64;
-    while metric(&agent, telemetry::SPOOL_RECORDS).await.trunc() > limit {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(&agent, telemetry::SPOOL_RECORDS, "the backlog drained", |spooled| spooled.trunc() <= limit).await?;
     let drained = now();
-    let delivered = metric(&agent, telemetry::SHIP_DELIVERED).await.trunc() - delivered_before.trunc();
+    let delivered = metric(&agent, telemetry::SHIP_DELIVERED).await?.trunc() - delivered_before.trunc();
     let seconds = ((drained - back) * 100.0).round() / 100.0;
     say(&format!(
         "backlog after the outage: {backlog} records ({:.2} s without a broker, broker restart included)",
@@ -138,7 +156,7 @@ pub async fn run(settings: &Settings, root: &Path, services: &Services) -> Resul
         delivered / seconds - rate as f64
     ));
     say(&format!("agent peak RSS: {:.1} MiB", hwm_kib(agent.pid()) as f64 / 1024.0));
-    say(&format!("dropped: {:.0}", metric(&agent, telemetry::BUFFER_DROPPED).await));
+    say(&format!("dropped: {:.0}", metric(&agent, telemetry::BUFFER_DROPPED).await?));
     tokio::task::spawn_blocking(move || running.stop()).await.ok();
     agent.stop(Duration::from_secs(60)).await;
     Ok(())
