@@ -29,7 +29,7 @@ mod tests {
     /// `| `src/dir/a.rs`, `b.rs` | … |`: later names without a slash are a.rs's siblings.
     #[test]
     fn the_code_map_lists_every_module_and_nothing_that_does_not_exist() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = crate::test_support::crate_root();
         let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
         let mut listed = std::collections::BTreeSet::new();
         for row in map.lines().filter(|line| line.starts_with("| `src/")) {
@@ -42,24 +42,10 @@ mod tests {
         }
         let stale: Vec<_> = listed.iter().filter(|path| !root.join(path).exists()).collect();
         assert!(stale.is_empty(), "the code map names files that do not exist: {stale:?}");
-        let mut missing = Vec::new();
-        let mut dirs = vec![root.join("src")];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("src").filter_map(Result::ok) {
-                let path = entry.path();
-                let relative = path.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
-                if path.is_dir() {
-                    if !relative.ends_with("/tests") {
-                        dirs.push(path);
-                    }
-                    continue;
-                }
-                let test = relative.ends_with("/tests.rs") || relative.ends_with("/model.rs");
-                if relative.ends_with(".rs") && !test && !listed.contains(&relative) {
-                    missing.push(relative);
-                }
-            }
-        }
+        let missing: Vec<_> = crate::test_support::rust_files(&["src"], |dir| !dir.ends_with("/tests"))
+            .into_iter()
+            .filter(|file| !file.ends_with("/tests.rs") && !file.ends_with("/model.rs") && !listed.contains(file))
+            .collect();
         assert!(missing.is_empty(), "ARCHITECTURE.md's code map lacks {missing:?}");
     }
 
@@ -67,18 +53,12 @@ mod tests {
     /// both use from below it (config, envelope, admin, telemetry, lifecycle).
     #[test]
     fn the_persister_imports_nothing_from_the_agent_or_its_pipeline() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = vec![root.join("persist.rs")];
-        let mut dirs = vec![root.join("persist")];
-        while let Some(dir) = dirs.pop() {
-            for path in std::fs::read_dir(&dir).expect("persist").filter_map(Result::ok).map(|entry| entry.path()) {
-                if path.is_dir() { dirs.push(path) } else { files.push(path) }
-            }
-        }
+        let mut files = crate::test_support::rust_files(&["src/persist"], |_| true);
+        files.push("src/persist.rs".into());
         for file in files {
-            let text = std::fs::read_to_string(&file).expect("source");
+            let text = std::fs::read_to_string(crate::test_support::crate_root().join(&file)).expect("source");
             for upward in ["crate::agent", "crate::ship", "crate::ingest", "crate::buffer"] {
-                assert!(!text.contains(upward), "{} uses {upward}", file.display());
+                assert!(!text.contains(upward), "{file} uses {upward}");
             }
         }
     }

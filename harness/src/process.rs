@@ -223,31 +223,26 @@ impl Drop for Process {
 
 /// Starts `sluice agent` on `config` and waits until `/readyz` says ready.
 pub async fn start_agent(config: &TestConfig) -> Process {
-    let path = config.write();
-    let mut process = Process::spawn_with_env(
-        "agent",
-        &["agent", "--config", path.to_str().expect("utf-8 path")],
-        config.dir.path(),
-        &config.env,
-    );
-    let admin = process.wait_admin().await;
-    config.started_agent(admin);
-    wait_ready(&mut process, admin).await;
-    process
+    start_role("agent", config, TestConfig::started_agent).await
 }
 
 /// Starts `sluice persist` on `config` and waits until `/readyz` says ready (partitions
 /// assigned).
 pub async fn start_persister(config: &TestConfig) -> Process {
+    start_role("persist", config, TestConfig::started_persister).await
+}
+
+/// Starts the `role` subcommand on `config`, tells `config` where it listens, waits until ready.
+async fn start_role(role: &'static str, config: &TestConfig, started: fn(&TestConfig, SocketAddr)) -> Process {
     let path = config.write();
     let mut process = Process::spawn_with_env(
-        "persist",
-        &["persist", "--config", path.to_str().expect("utf-8 path")],
+        role,
+        &[role, "--config", path.to_str().expect("utf-8 path")],
         config.dir.path(),
         &config.env,
     );
     let admin = process.wait_admin().await;
-    config.started_persister(admin);
+    started(config, admin);
     wait_ready(&mut process, admin).await;
     process
 }

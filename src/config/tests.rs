@@ -93,7 +93,7 @@ fn the_example_configs_in_the_repository_are_valid() {
     // The production-shaped examples in config/examples need their Secret's variable; tests/it/cli.rs
     // checks them with `sluice check-config` and the variable set.
     for file in ["config/agent.toml", "config/persist.toml", "config/demo.toml"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let path = crate::test_support::crate_root().join(file);
         Config::load(&path).unwrap_or_else(|error| panic!("{file}: {error}"));
     }
 }

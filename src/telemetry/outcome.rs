@@ -395,42 +395,34 @@ mod tests {
         words.extend(DeadLetterReason::ALL.iter().map(|r| r.as_str()));
         words.extend(Lost::ALL.iter().map(|r| r.as_str()));
         words.extend(Reload::ALL.iter().map(|r| r.as_str()));
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut offences = Vec::new();
-        let mut dirs = vec![root.clone()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("src").filter_map(Result::ok) {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
+        for file in crate::test_support::rust_files(&["src"], |_| true) {
+            let relative = file.strip_prefix("src/").unwrap_or(&file).to_owned();
+            let name = relative.rsplit('/').next().unwrap_or_default();
+            if name == "tests.rs" || name == "model.rs" {
+                continue;
+            }
+            let path = crate::test_support::crate_root().join(&file);
+            let in_telemetry = relative == "telemetry.rs" || relative.starts_with("telemetry/");
+            let text = std::fs::read_to_string(&path).expect("source");
+            // An inline test module closes the file by convention: it is a test.
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+            for (number, line) in code.lines().enumerate() {
+                let trimmed = line.trim_start();
+                if trimmed.starts_with("//") {
                     continue;
                 }
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                let relative = path.strip_prefix(&root).expect("under src").to_string_lossy().into_owned();
-                if !name.ends_with(".rs") || name == "tests.rs" || name == "model.rs" {
-                    continue;
-                }
-                let in_telemetry = relative == "telemetry.rs" || relative.starts_with("telemetry/");
-                let text = std::fs::read_to_string(&path).expect("source");
-                // An inline test module closes the file by convention: it is a test.
-                let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
-                for (number, line) in code.lines().enumerate() {
-                    let trimmed = line.trim_start();
-                    if trimmed.starts_with("//") {
-                        continue;
-                    }
-                    // A config key may be the word of what it governs (`max_connections`): only
-                    // as the key argument of `key(…)` or `invalid(…)` is the word allowed.
-                    let named = words.iter().find(|word| {
-                        let quoted = format!("\"{word}\"");
-                        line.matches(&quoted).count()
-                            > line.matches(&format!("key({quoted}")).count()
-                                + line.matches(&format!("invalid({quoted}")).count()
-                    });
-                    let metric = !in_telemetry && line.contains("\"sluice_");
-                    if (named.is_some() && !in_telemetry) || metric {
-                        offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
-                    }
+                // A config key may be the word of what it governs (`max_connections`): only
+                // as the key argument of `key(…)` or `invalid(…)` is the word allowed.
+                let named = words.iter().find(|word| {
+                    let quoted = format!("\"{word}\"");
+                    line.matches(&quoted).count()
+                        > line.matches(&format!("key({quoted}")).count()
+                            + line.matches(&format!("invalid({quoted}")).count()
+                });
+                let metric = !in_telemetry && line.contains("\"sluice_");
+                if (named.is_some() && !in_telemetry) || metric {
+                    offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
                 }
             }
         }
@@ -442,31 +434,17 @@ mod tests {
     /// them, but not as a quoted literal that starts with the name).
     #[test]
     fn no_metric_name_is_written_as_a_string_outside_telemetry_in_tests_and_tools_either() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut offences = Vec::new();
-        let mut dirs: Vec<_> = ["src", "tests", "harness", "benches"].iter().map(|dir| root.join(dir)).collect();
-        while let Some(dir) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            for entry in entries.filter_map(Result::ok) {
-                let path = entry.path();
-                let relative = path.strip_prefix(root).expect("under the root").to_string_lossy().into_owned();
-                if path.is_dir() {
-                    if !relative.ends_with("target") {
-                        dirs.push(path);
-                    }
-                    continue;
-                }
-                if !relative.ends_with(".rs")
-                    || relative == "src/telemetry.rs"
-                    || relative.starts_with("src/telemetry/")
-                {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).expect("source");
-                for (number, line) in text.lines().enumerate() {
-                    if line.contains(&format!("\"{}", super::super::PREFIX)) && !line.trim_start().starts_with("//") {
-                        offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
-                    }
+        let descend = |dir: &str| !dir.ends_with("target");
+        for relative in crate::test_support::rust_files(&["src", "tests", "harness", "benches"], descend) {
+            if relative == "src/telemetry.rs" || relative.starts_with("src/telemetry/") {
+                continue;
+            }
+            let path = crate::test_support::crate_root().join(&relative);
+            let text = std::fs::read_to_string(&path).expect("source");
+            for (number, line) in text.lines().enumerate() {
+                if line.contains(&format!("\"{}", super::super::PREFIX)) && !line.trim_start().starts_with("//") {
+                    offences.push(format!("{relative}:{}: {}", number + 1, line.trim()));
                 }
             }
         }
