@@ -8,14 +8,16 @@
 //! Drain, in order (each stage has a token of its own): readiness goes false → listeners stop
 //! accepting; connections read while data keeps coming, until they idle or half of
 //! `agent.drain_timeout` has passed, then shut their socket's read side (a writer's next write
-//! fails), take in what is queued and close → at the deadline whatever still waits gives up,
-//! counted `drain_timeout` → only when every connection has finished does (disk) the spool
+//! fails), take in what is queued and close → when sending stops (three quarters of the
+//! timeout) whatever still waits gives up, counted `drain_timeout` → only when every connection has finished does (disk) the spool
 //! writer write what they accepted and seal its segment → records ship until Kafka has
-//! acknowledged all of them (the wait is woken by each settlement) or the deadline passes → the
-//! producer is closed (flush, purge, every delivery report served: none can come later) → the
-//! final count: with a disk buffer what Kafka did not acknowledge stays in the spool for the next
-//! start; what is only in memory is lost, logged at ERROR and counted as `drain_timeout`; one
-//! `drain finished` line sums it up → the admin server stops.
+//! acknowledged all of them (the wait is woken by each settlement) or three quarters of the
+//! timeout have passed → the producer is closed: what it has not sent is purged, answers to what
+//! it sent are awaited until the deadline, then the unanswered are purged (a memory record is
+//! counted `unconfirmed`: Kafka may hold it) and every delivery report is served (none can come
+//! later) → the final count: with a disk buffer what Kafka did not acknowledge stays in the
+//! spool for the next start; what is only in memory is lost, logged at ERROR and counted as
+//! `drain_timeout`; one `drain finished` line sums it up → the admin server stops.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -80,6 +82,9 @@ pub struct DrainReport {
     pub undelivered: usize,
     /// Of those, records lost (counted as `drain_timeout`).
     pub lost: usize,
+    /// Records sent to Kafka whose answer had not come at the deadline (counted as
+    /// `unconfirmed`): Kafka may hold them.
+    pub unconfirmed: usize,
     /// Records connections gave up at the deadline before they reached the buffer (counted as
     /// `drain_timeout` too).
     pub abandoned: usize,
@@ -170,11 +175,15 @@ pub async fn run(
     metrics::gauge!(telemetry::READY).set(0.0);
     let started = Instant::now();
     let deadline = started + config.agent.drain_timeout;
+    // The last quarter is kept for Kafka's answers to what was sent (step 5): a record stored in
+    // Kafka whose answer had not come must not be counted lost. Nothing is sent after this.
+    let sending_stops = deadline - config.agent.drain_timeout / 4;
     info!(buffer = buffer.describe(), deadline_seconds = config.agent.drain_timeout.as_secs_f64(), "draining");
     // 1. No new connections; open ones read while data keeps coming, until they idle or half the
     //    drain timeout has passed: then they stop reading (a writer's next write fails), take in
-    //    what is already in their socket, and close. The other half is for shipping.
-    // 2. A connection still waiting at the deadline (for buffer room, a rate limit, or a writer
+    //    what is already in their socket, and close. Then comes shipping, and the last quarter waits
+    //    for Kafka's answers.
+    // 2. A connection still waiting when sending stops (for buffer room, a rate limit, or a writer
     //    reading its acknowledgements) gives up, counting what it holds as `drain_timeout`. Every
     //    wait of a connection ends on `abandon`, so they all finish: only then may the spool
     //    writer stop and the final count be taken (a record pushed later would be in neither).
@@ -191,8 +200,8 @@ pub async fn run(
     if tokio::time::timeout_at(read_deadline, &mut readers_done).await.is_err() {
         info!("connections still reading at half the drain timeout: they stop reading now");
         stages.stop_reading.cancel();
-        if tokio::time::timeout_at(deadline, &mut readers_done).await.is_err() {
-            warn!(buffer = buffer.describe(), "connections still busy at the drain deadline; they give up");
+        if tokio::time::timeout_at(sending_stops, &mut readers_done).await.is_err() {
+            warn!(buffer = buffer.describe(), "connections still busy when sending stops; they give up");
             stages.abandon();
             if tokio::time::timeout(CONNECTIONS_AFTER_ABANDON, &mut readers_done).await.is_err() {
                 error!("connections did not finish after the drain deadline: records they read later are not counted");
@@ -200,30 +209,34 @@ pub async fn run(
         }
     }
     // 3. The spool writer writes what the connections accepted, then seals its segment. Waiting
-    //    for disk room (the shipper still frees it), it may take until the deadline; then what it
-    //    could not write is counted `drain_timeout`.
+    //    for disk room (the shipper still frees it), it may take until sending stops; then what
+    //    it could not write is counted `drain_timeout`.
     stages.spooler.cancel();
     if let Some(task) = spooler_task {
         let spooled = tasks.join(task);
         tokio::pin!(spooled);
-        if tokio::time::timeout_at(deadline, &mut spooled).await.is_err() {
-            warn!(buffer = buffer.describe(), "the spool writer is still waiting for disk room at the drain deadline");
+        if tokio::time::timeout_at(sending_stops, &mut spooled).await.is_err() {
+            warn!(buffer = buffer.describe(), "the spool writer is still waiting for disk room when sending stops");
             stages.abandon();
             spooled.await;
         }
     }
-    // 4. Ship until Kafka has every record or the deadline passes.
-    if !buffer.wait_until_delivered(deadline).await {
-        warn!(buffer = buffer.describe(), "the drain deadline passed with records not yet acknowledged by kafka");
+    // 4. Ship until Kafka has every record, or sending stops.
+    if !buffer.wait_until_delivered(sending_stops).await {
+        warn!(
+            buffer = buffer.describe(),
+            "records not yet acknowledged by kafka: sending stops, and answers to what was sent are awaited until the drain deadline"
+        );
     }
     stages.abandon();
     stages.ship.cancel();
     tasks.join(ship_task).await;
-    // 5. After this no delivery report can come: every record is delivered, or back in the buffer.
-    shipper.close(deadline.saturating_duration_since(Instant::now())).await;
+    // 5. After this no delivery report can come: every record is delivered, back in the buffer,
+    //    or (sent, never answered) counted unconfirmed.
+    let unconfirmed = shipper.close(deadline).await;
 
     // ---- Report.
-    let report = account(&buffer, context.abandoned.load(Ordering::Relaxed));
+    let report = account(&buffer, context.abandoned.load(Ordering::Relaxed), unconfirmed);
     buffer.report();
     stages.background.cancel();
     for task in services {
@@ -274,7 +287,7 @@ impl Stages {
 /// buffer, or accepted but never written to the spool, or held in memory after `drop_oldest`
 /// deleted their segment) and counted as `drain_timeout`; with a disk buffer, spooled records
 /// not yet acknowledged stay in the spool for the next start.
-pub(crate) fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
+pub(crate) fn account(buffer: &Buffer, abandoned: u64, unconfirmed: u64) -> DrainReport {
     let (lost, in_spool) = match buffer.spool() {
         Some(spool) => (buffer.queued_intake() as u64 + spool.orphaned(), spool.undelivered()),
         None => (buffer.held_records() as u64, 0),
@@ -286,12 +299,17 @@ pub(crate) fn account(buffer: &Buffer, abandoned: u64) -> DrainReport {
     if in_spool > 0 {
         warn!(undelivered = in_spool, "records not yet acknowledged by kafka stay in the spool for the next start");
     }
-    if lost == 0 && in_spool == 0 && abandoned == 0 {
+    if lost == 0 && in_spool == 0 && abandoned == 0 && unconfirmed == 0 {
         info!("drained: every accepted record was acknowledged by kafka");
     }
     // One line with the whole drain's outcome, beside the counters (a scrape may miss the end).
-    info!(lost, in_spool, abandoned, "drain finished");
-    DrainReport { undelivered: (lost + in_spool) as usize, lost: lost as usize, abandoned: abandoned as usize }
+    info!(lost, unconfirmed, in_spool, abandoned, "drain finished");
+    DrainReport {
+        undelivered: (lost + in_spool) as usize,
+        lost: lost as usize,
+        unconfirmed: unconfirmed as usize,
+        abandoned: abandoned as usize,
+    }
 }
 
 /// What a config reload can change in a running agent.

@@ -423,14 +423,44 @@ impl Shipper {
         ok
     }
 
-    /// The end of the drain: lets the producer deliver for up to `timeout`, then purges what it
-    /// still holds and waits for every delivery report (`retire`). After this no report can
-    /// come, so the final count of what is undelivered stays true (a late success would make a
-    /// record both delivered and counted lost). Call it once the shipper's task has stopped.
-    pub async fn close(&self, timeout: Duration) {
+    /// The end of the drain, once the shipper's task has stopped: what librdkafka has not sent
+    /// yet is purged (never stored, it comes back to the buffer); the answers to what it has sent
+    /// are awaited until `answers_until`; then what is still unanswered is purged too and
+    /// counted [`Failed::Unconfirmed`] (with a disk buffer it stays in the spool), and every
+    /// delivery report is served (`retire`). After this no report can come, so the final count
+    /// of what is undelivered stays true: a record is never both stored and counted lost, unless
+    /// an earlier, replaced producer sent it too (see ARCHITECTURE.md). Returns the records
+    /// counted unconfirmed.
+    pub async fn close(&self, answers_until: tokio::time::Instant) -> u64 {
+        use rdkafka::producer::PurgeConfig;
         let producer = self.producer();
-        if tokio::task::spawn_blocking(move || retire(producer, timeout)).await.is_err() {
-            error!("closing the kafka producer did not run to its end");
+        let answers_until = answers_until.into_std();
+        let closed = tokio::task::spawn_blocking(move || {
+            producer.purge(PurgeConfig::default().queue());
+            let in_flight = producer.in_flight_count();
+            if in_flight > 0 {
+                info!(in_flight, "waiting for kafka's answers to the records it was sent, until the drain deadline");
+                let _ = producer.flush(answers_until.saturating_duration_since(std::time::Instant::now()));
+            }
+            producer.context().last_purge.store(true, Ordering::Relaxed);
+            retire(producer.clone(), Duration::ZERO);
+            producer.context().unconfirmed.load(Ordering::Relaxed)
+        })
+        .await;
+        match closed {
+            Ok(unconfirmed) => {
+                if unconfirmed > 0 {
+                    error!(
+                        unconfirmed,
+                        "records sent to kafka got no answer before the drain deadline: stored or not, nobody can tell; counted as unconfirmed"
+                    );
+                }
+                unconfirmed
+            }
+            Err(_) => {
+                error!("closing the kafka producer did not run to its end");
+                0
+            }
         }
     }
 }

@@ -23,7 +23,8 @@ pub struct AgentConfig {
     /// listens: with `admin_listen` on port 0 the kernel picks a free port, and this file says
     /// which (the tests and the benchmark start every agent so). Unset (the default): no file.
     pub admin_address_file: Option<PathBuf>,
-    /// On SIGTERM, how long to keep shipping buffered records before giving up on them.
+    /// On SIGTERM, how long the drain may take: records are sent for three quarters of it, the
+    /// last quarter waits for Kafka's answers to what was sent; then the rest is given up.
     /// Keep it below the pod's `terminationGracePeriodSeconds`. Default `20s`.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,

@@ -841,7 +841,7 @@ impl<'a> Run<'a> {
         }
         self.agent.kafka.retire(false);
         // 5. The final count.
-        crate::agent::account(&self.agent.buffer, 0);
+        crate::agent::account(&self.agent.buffer, 0, 0);
         self.restart().await;
         Ok(())
     }

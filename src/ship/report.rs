@@ -9,7 +9,7 @@
 //! do), release a record's lease before its fate is settled, or settle a record twice.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use metrics::Counter;
@@ -36,6 +36,12 @@ pub struct ShipContext {
     errors: Arc<telemetry::librdkafka::ErrorTotals>,
     /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
     pub(super) fatal: Arc<AtomicBool>,
+    /// Set by the drain's last purge ([`super::Shipper::close`]): a record in flight that it
+    /// purges was sent and its answer never came, so it is not retried but counted
+    /// [`Failed::Unconfirmed`] (one in the spool stays there for the next start).
+    pub(super) last_purge: AtomicBool,
+    /// Records counted [`Failed::Unconfirmed`] by the last purge.
+    pub(super) unconfirmed: AtomicU64,
 }
 
 impl ClientContext for ShipContext {
@@ -137,6 +143,8 @@ impl ShipContext {
             latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
             errors: Arc::default(),
             fatal: Arc::new(AtomicBool::new(false)),
+            last_purge: AtomicBool::new(false),
+            unconfirmed: AtomicU64::new(0),
         }
     }
 
@@ -155,6 +163,15 @@ impl ShipContext {
             Err((error, payload, key)) => {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
+                let unanswered = error.rdkafka_error_code() == Some(RDKafkaErrorCode::PurgeInflight);
+                if unanswered && in_flight.pos.is_none() && self.last_purge.load(Ordering::Relaxed) {
+                    // Sent, never answered, and the agent is stopping: Kafka may have it. Not
+                    // lost and not delivered; counted apart, so neither count is wrong.
+                    Failed::Unconfirmed.count(1);
+                    self.unconfirmed.fetch_add(1, Ordering::Relaxed);
+                    self.settle(in_flight, Some(Failed::Unconfirmed));
+                    return;
+                }
                 match classify(error) {
                     Disposition::Retry => {
                         // librdkafka hands back the payload, so the buffer need not keep a copy

@@ -104,12 +104,20 @@ pub enum Failed {
     InvalidRecord,
     /// Kafka refused it for another reason that will not pass (the log line names it).
     KafkaRefused,
+    /// Sent to Kafka, whose answer had not come when the drain ended (memory records only): it
+    /// may be stored or not, nobody can tell. Not retried, so never stored twice by the agent.
+    Unconfirmed,
 }
 
 impl Failed {
     /// Every reason, for creating the series at zero.
-    pub const ALL: [Failed; 4] =
-        [Failed::DrainTimeout, Failed::MessageSizeTooLarge, Failed::InvalidRecord, Failed::KafkaRefused];
+    pub const ALL: [Failed; 5] = [
+        Failed::DrainTimeout,
+        Failed::MessageSizeTooLarge,
+        Failed::InvalidRecord,
+        Failed::KafkaRefused,
+        Failed::Unconfirmed,
+    ];
 
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
@@ -118,6 +126,7 @@ impl Failed {
             Failed::MessageSizeTooLarge => "message_size_too_large",
             Failed::InvalidRecord => "invalid_record",
             Failed::KafkaRefused => "kafka_refused",
+            Failed::Unconfirmed => "unconfirmed",
         }
     }
 

@@ -165,7 +165,7 @@ async fn in_process_agent_and_persister_deliver_every_record_once_and_count_each
     assert_eq!(grew(&before, &counted, telemetry::PERSIST_DUPLICATES), 0.0, "duplicates");
 
     let report = agent.stop().await.expect("the agent drains without a failed task");
-    assert_eq!(report, DrainReport { undelivered: 0, lost: 0, abandoned: 0 });
+    assert_eq!(report, DrainReport { undelivered: 0, lost: 0, unconfirmed: 0, abandoned: 0 });
     persister.stop().await.expect("the persister drains without a failed task");
 }
 
@@ -192,7 +192,11 @@ async fn cancelling_an_in_process_agent_with_records_in_its_buffer_delivers_each
     assert!(grew(&before, &accepted, telemetry::SHIP_DELIVERED) < n, "records wait in the buffer as the drain begins");
 
     let report = agent.stop().await.expect("the agent drains without a failed task");
-    assert_eq!(report, DrainReport { undelivered: 0, lost: 0, abandoned: 0 }, "none lost, none given up");
+    assert_eq!(
+        report,
+        DrainReport { undelivered: 0, lost: 0, unconfirmed: 0, abandoned: 0 },
+        "none lost, none given up"
+    );
     let drained = scrape(persister.admin).await;
     assert_eq!(grew(&before, &drained, telemetry::SHIP_DELIVERED), n, "Kafka acknowledged each before run returned");
     assert_eq!(grew(&before, &drained, telemetry::SHIP_FAILED), 0.0, "none given up");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::{Process, free_port};
+use super::{Process, Proxy, free_port};
 
 /// A single-node KRaft broker on free loopback ports, with its data in a temp directory.
 pub struct PrivateBroker {
@@ -25,17 +25,25 @@ pub struct PrivateBroker {
 impl PrivateBroker {
     /// Formats storage and starts the broker; returns once it answers a metadata request.
     pub async fn start() -> Self {
-        Self::start_with(false).await
+        Self::start_with(false, false).await.0
+    }
+
+    /// Like [`PrivateBroker::start`], with every client (bootstrap and the address the broker
+    /// advertises) going through a [`Proxy`] the test controls: it can hold the broker's answers
+    /// while its requests still arrive.
+    pub async fn behind_proxy() -> (Self, Proxy) {
+        let (broker, proxy) = Self::start_with(false, true).await;
+        (broker, proxy.expect("a proxy"))
     }
 
     /// Like [`PrivateBroker::start`], with a second listener on SASL_SSL: SCRAM-SHA-512 user
     /// `sluice` (password [`SASL_PASSWORD`]) and a certificate for 127.0.0.1 signed by a CA the
     /// test generates.
     pub async fn start_sasl_ssl() -> Self {
-        Self::start_with(true).await
+        Self::start_with(true, false).await.0
     }
 
-    async fn start_with(sasl_ssl: bool) -> Self {
+    async fn start_with(sasl_ssl: bool, proxied: bool) -> (Self, Option<Proxy>) {
         let lib = PathBuf::from(std::env::var("SLUICE_KAFKA_LIB").expect(
             "SLUICE_KAFKA_LIB is not set: fault tests run private brokers from the stack's jars (`scripts/stack env`)",
         ));
@@ -49,6 +57,15 @@ impl PrivateBroker {
             .replace("@CONTROLLER_PORT@", &controller.to_string())
             .replace("@DATA_DIR@", &dir.path().join("data").display().to_string());
         let mut properties = properties;
+        let mut proxy = None;
+        let mut bootstrap = format!("127.0.0.1:{port}");
+        if proxied {
+            let started = Proxy::start(([127, 0, 0, 1], port).into()).await;
+            bootstrap = started.address.to_string();
+            // Later keys override earlier ones when Java reads the file.
+            properties.push_str(&format!("advertised.listeners=PLAINTEXT://{bootstrap}\n"));
+            proxy = Some(started);
+        }
         let mut secured = None;
         if sasl_ssl {
             let sasl_port = free_port();
@@ -80,9 +97,9 @@ impl PrivateBroker {
         }
         let status = format.status().expect("run kafka StorageTool");
         assert!(status.success(), "kafka storage format failed");
-        let mut broker = Self { bootstrap: format!("127.0.0.1:{port}"), sasl_ssl: secured, dir, lib, process: None };
+        let mut broker = Self { bootstrap, sasl_ssl: secured, dir, lib, process: None };
         broker.resume().await;
-        broker
+        (broker, proxy)
     }
 
     /// Starts the broker again after [`PrivateBroker::stop`].
