@@ -44,6 +44,11 @@ pub fn config_view(running: &std::sync::Arc<std::sync::RwLock<crate::config::Con
 /// runs per request.
 pub type ReadinessCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
+/// Sets the gauges a role computes only when asked (the buffer's records, bytes and age,
+/// readiness): run before each `/metrics` render, so an idle process needs no timer to keep
+/// them current.
+pub type Refresh = Arc<dyn Fn() + Send + Sync>;
+
 pub mod client;
 
 /// Why the admin server could not start.
@@ -206,6 +211,7 @@ impl AdminServer {
     pub async fn serve(
         self,
         metrics: PrometheusHandle,
+        refresh: Refresh,
         ready: ReadinessCheck,
         config: ConfigView,
         stop: CancellationToken,
@@ -217,7 +223,7 @@ impl AdminServer {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).max_buf_size(MAX_BUF_BYTES);
         let slots = Arc::new(Semaphore::new(limits.max_connections));
-        let routes = Arc::new(Routes { metrics, ready, config, config_refusal });
+        let routes = Arc::new(Routes { metrics, refresh, ready, config, config_refusal });
         loop {
             let accepted = tokio::select! {
                 _ = stop.cancelled() => break,
@@ -260,6 +266,7 @@ impl AdminServer {
 /// What the routes read.
 struct Routes {
     metrics: PrometheusHandle,
+    refresh: Refresh,
     ready: ReadinessCheck,
     config: ConfigView,
     config_refusal: Option<String>,
@@ -272,6 +279,7 @@ impl Routes {
         }
         match request.uri().path() {
             "/metrics" => {
+                (self.refresh)();
                 let mut response = text(StatusCode::OK, self.metrics.render());
                 response.headers_mut().insert(
                     CONTENT_TYPE,

@@ -46,8 +46,6 @@ use crate::telemetry::outcome::{Dropped, Failed};
 const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one reachability check may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-/// How often gauges (buffer depth) are published.
-const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -140,14 +138,20 @@ pub async fn run(
     let mut services = vec![tasks.service(
         "admin",
         background.clone(),
-        admin.serve(metrics, ready.clone(), crate::admin::config_view(&running), background.clone()),
+        admin.serve(
+            metrics,
+            refresh(&buffer, &ready),
+            ready.clone(),
+            crate::admin::config_view(&running),
+            background.clone(),
+        ),
     )];
     if let Some(reloading) = reloading {
         let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
         let follow = reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload"));
         services.push(tasks.service("reload", background.clone(), follow));
     }
-    let probe = probe_kafka(shipper.clone(), buffer.clone(), ready, background.clone());
+    let probe = probe_kafka(shipper.clone(), background.clone());
     services.push(tasks.service("probe", background.clone(), probe));
     let spooler_task = spool_writer.map(|writer| {
         let task =
@@ -400,20 +404,25 @@ fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {
     })
 }
 
-/// Keeps the reachability flag and the gauges current until `stop`.
-async fn probe_kafka(shipper: Arc<Shipper>, buffer: Buffer, ready: ReadinessCheck, stop: CancellationToken) {
-    let mut next_probe = Instant::now();
-    loop {
-        if Instant::now() >= next_probe {
-            let ok = shipper.probe(PROBE_TIMEOUT).await;
-            // Retry soon while unreachable so readiness follows a recovering broker quickly.
-            next_probe = Instant::now() + if ok { PROBE_INTERVAL } else { Duration::from_secs(1) };
-        }
+/// The gauges computed when `/metrics` is asked for: readiness and the buffer's.
+fn refresh(buffer: &Buffer, ready: &ReadinessCheck) -> crate::admin::Refresh {
+    let (buffer, ready) = (buffer.clone(), ready.clone());
+    Arc::new(move || {
         metrics::gauge!(telemetry::READY).set(if ready().is_ok() { 1.0 } else { 0.0 });
         buffer.report();
+    })
+}
+
+/// Keeps the reachability flag current until `stop`: a metadata request every
+/// `PROBE_INTERVAL`, every second while Kafka does not answer.
+async fn probe_kafka(shipper: Arc<Shipper>, stop: CancellationToken) {
+    loop {
+        let ok = shipper.probe(PROBE_TIMEOUT).await;
+        // Retry soon while unreachable so readiness follows a recovering broker quickly.
+        let next = if ok { PROBE_INTERVAL } else { Duration::from_secs(1) };
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(REPORT_INTERVAL) => {}
+            _ = tokio::time::sleep(next) => {}
         }
     }
 }

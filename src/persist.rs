@@ -178,7 +178,7 @@ pub async fn run(
     let mut services = vec![tasks.service(
         "admin",
         background.clone(),
-        admin.serve(metrics, ready.clone(), crate::admin::config_view(&running), background.clone()),
+        admin.serve(metrics, Arc::new(|| {}), ready.clone(), crate::admin::config_view(&running), background.clone()),
     )];
     if let Some(reloading) = reloading {
         services.push(tasks.service(

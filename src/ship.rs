@@ -24,7 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -36,6 +36,7 @@ use crate::telemetry::outcome::{self, Dropped, Failed};
 
 #[cfg(test)]
 mod model;
+mod polled;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -133,7 +134,7 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     client
 }
 
-type Producer_ = ThreadedProducer<ShipContext>;
+type Producer_ = polled::Polled;
 
 /// Retires a producer that is no longer the shipper's: lets it deliver for up to `flush`, then
 /// purges what it still holds (queued and in flight) and waits for every delivery report before
@@ -210,8 +211,7 @@ impl Shipper {
     /// A producer with a fatal flag of its own: a retiring producer's late errors never mark
     /// its replacement.
     fn create(client: &ClientConfig, buffer: &Buffer) -> Result<Producer_, ShipError> {
-        let context = ShipContext::new(buffer.clone());
-        Ok(client.create_with_context(context)?)
+        Ok(Producer_::create(client, ShipContext::new(buffer.clone()))?)
     }
 
     fn producer(&self) -> Arc<Producer_> {

@@ -35,7 +35,7 @@ async fn start(listen: &str, enabled: Option<bool>, limits: Limits) -> Running {
     let ready: ReadinessCheck = Arc::new(|| Ok("ready".into()));
     let config: ConfigView = Arc::new(|| "[agent]\nadmin_listen = \"x\"\n".into());
     let stop = CancellationToken::new();
-    tokio::spawn(server.serve(metrics, ready, config, stop.clone()));
+    tokio::spawn(server.serve(metrics, Arc::new(|| {}), ready, config, stop.clone()));
     Running { address, stop }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_harness::bench::{connections, run, spool};
+use sluice_harness::bench::{connections, pod, run, spool};
 
 #[derive(Parser)]
 #[command(name = "sluice-bench", about = "Sluice's benchmarks (scripts/bench, bench-spool, bench-connections)")]
@@ -52,6 +52,12 @@ enum Command {
         #[arg(default_value_t = 10)]
         slow: u64,
     },
+    /// scripts/bench-pod: one sidecar's cost — CPU, wake-ups, RSS — idle, at 1k and 10k records/s.
+    Pod {
+        /// Seconds per phase.
+        #[arg(default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 /// The repository: `SLUICE_ROOT` (the scripts set it), else the current directory.
@@ -75,6 +81,7 @@ async fn main() -> ExitCode {
         Command::Spool { records, outage, rate } => {
             spool::run(&spool::Settings { records, outage, rate }, &root, &services).await.map_err(anyhow::Error::from)
         }
+        Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
             connections::run(&connections::Settings { records, idle, slow }, &services)
                 .await

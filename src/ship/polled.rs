@@ -1,0 +1,67 @@
+//! librdkafka's producer with a thread of its own that serves its callbacks.
+//!
+//! Owns: the thread that polls the producer's queue (delivery reports, statistics, client
+//! errors: [`ShipContext`]'s callbacks run there), and telling it to stop. Written by hand
+//! because rdkafka's `ThreadedProducer` polls in 100 ms slices: ten wake-ups a second for an
+//! agent with nothing to ship (issue 15: a sidecar idles most of its life, × every pod). This
+//! thread sleeps until an event comes, or `POLL_WAIT` at most. Must not: call anything that
+//! blocks other than the poll itself, or outlive the process's need for its reports (a retired
+//! producer has served every report before it is dropped: `retire`).
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaResult;
+use rdkafka::producer::BaseProducer;
+
+use super::report::ShipContext;
+
+/// The longest the polling thread sleeps without an event: how long it may take to notice it
+/// should stop (after its producer was let go: it owes no report then).
+const POLL_WAIT: Duration = Duration::from_secs(1);
+
+/// A [`BaseProducer`] whose callbacks a thread of its own serves; dropping it tells the thread
+/// to stop (it lets the producer go within `POLL_WAIT`).
+pub struct Polled {
+    producer: Arc<BaseProducer<ShipContext>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Polled {
+    /// Creates the producer and starts its polling thread.
+    pub fn create(client: &ClientConfig, context: ShipContext) -> KafkaResult<Self> {
+        let producer: Arc<BaseProducer<ShipContext>> = Arc::new(client.create_with_context(context)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (polled, stopping) = (producer.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("kafka-poll".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Relaxed) {
+                    polled.poll(POLL_WAIT);
+                }
+            })
+            .map_err(|error| {
+                rdkafka::error::KafkaError::ClientCreation(format!(
+                    "cannot start the producer's polling thread: {error}"
+                ))
+            })?;
+        Ok(Self { producer, stop })
+    }
+}
+
+impl Deref for Polled {
+    type Target = BaseProducer<ShipContext>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.producer
+    }
+}
+
+impl Drop for Polled {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
