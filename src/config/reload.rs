@@ -1,6 +1,9 @@
-//! Config reload: on SIGHUP, or when the file's content changes. A Kubernetes ConfigMap update
-//! arrives as a swap of a `..data` symlink, so the file is compared by content every few seconds
-//! rather than watched by inode.
+//! Config reload: on SIGHUP, or when the file's content changes. The file's folder is watched
+//! with inotify (a Kubernetes ConfigMap update arrives as a swap of a `..data` symlink in it, an
+//! editor writes or renames a file in it): any event there makes the watcher compare the file's
+//! content with what runs. A slow poll (`SAFETY_POLL`) catches what inotify cannot see (the
+//! folder itself replaced); without inotify the file is compared every `POLL_INTERVAL`. An idle
+//! process so wakes once a minute for its config, not every two seconds (issue 15).
 //!
 //! Owns: noticing a new config, validating it (an invalid one is rejected and the old one keeps
 //! running), and saying which keys changed and which of them a running process can take. Must
@@ -16,8 +19,15 @@ use super::{Config, ConfigError, Role};
 use crate::telemetry;
 use crate::telemetry::outcome::Reload;
 
-/// How often the file's content is compared with what is running.
+/// How often the file's content is compared with what is running when inotify is not available.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How often it is compared anyway while inotify watches its folder.
+const SAFETY_POLL: Duration = Duration::from_secs(60);
+
+/// After an event in the folder, how long it must stay quiet before the file is read (an editor
+/// that truncates, then writes, is read once, whole).
+const SETTLE: Duration = Duration::from_millis(100);
 
 impl Role {
     fn sections(self) -> &'static [&'static str] {
@@ -222,18 +232,77 @@ pub enum Event {
     Invalid(ConfigError),
 }
 
+/// An inotify stream of the events in `path`'s folder that can change what `path` reads: a file
+/// written, created, moved in or out, deleted (a symlink swap is a move).
+fn watch_folder(path: &std::path::Path) -> std::io::Result<inotify::EventStream<Vec<u8>>> {
+    use inotify::{Inotify, WatchMask};
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        &folder,
+        WatchMask::CLOSE_WRITE
+            | WatchMask::MODIFY
+            | WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF,
+    )?;
+    inotify.into_event_stream(vec![0u8; 4096])
+}
+
 /// Notices new configs: SIGHUP, or the file's content changing.
 pub struct Watcher {
     path: PathBuf,
     last: Option<u32>,
     hangup: tokio::signal::unix::Signal,
+    /// Events in the file's folder; `None`: inotify is not available, the file is polled.
+    folder: Option<inotify::EventStream<Vec<u8>>>,
 }
 
 impl Watcher {
     /// Watches `path`, whose current content is what runs.
     pub fn new(path: PathBuf) -> std::io::Result<Self> {
         let last = std::fs::read(&path).ok().map(|bytes| crc32c::crc32c(&bytes));
-        Ok(Self { path, last, hangup: signal(SignalKind::hangup())? })
+        let folder = match watch_folder(&path) {
+            Ok(stream) => Some(stream),
+            Err(error) => {
+                warn!(%error, path = %path.display(), "cannot watch the config file's folder with inotify; polling it every 2 s");
+                None
+            }
+        };
+        Ok(Self { path, last, hangup: signal(SignalKind::hangup())?, folder })
+    }
+
+    /// Waits until the file may have changed: an event in its folder (then until the folder is
+    /// quiet for `SETTLE`), or the poll's interval passed. True on SIGHUP.
+    async fn wait(&mut self) -> bool {
+        use futures_util::StreamExt;
+        let Some(folder) = &mut self.folder else {
+            return tokio::select! {
+                _ = self.hangup.recv() => true,
+                _ = tokio::time::sleep(POLL_INTERVAL) => false,
+            };
+        };
+        let event = tokio::select! {
+            _ = self.hangup.recv() => return true,
+            _ = tokio::time::sleep(SAFETY_POLL) => return false,
+            event = folder.next() => event,
+        };
+        match event {
+            Some(Ok(_)) => while let Ok(Some(Ok(_))) = tokio::time::timeout(SETTLE, folder.next()).await {},
+            Some(Err(error)) => {
+                warn!(%error, "inotify failed; polling the config file every 2 s from now on");
+                self.folder = None;
+            }
+            None => self.folder = None,
+        }
+        false
     }
 
     /// The config the file holds now (the bytes the watcher compares against), `None` if it
@@ -253,10 +322,7 @@ impl Watcher {
     /// file's bytes does.
     pub async fn next(&mut self) -> Event {
         loop {
-            let forced = tokio::select! {
-                _ = self.hangup.recv() => true,
-                _ = tokio::time::sleep(POLL_INTERVAL) => false,
-            };
+            let forced = self.wait().await;
             let bytes = match tokio::fs::read(&self.path).await {
                 Ok(bytes) => bytes,
                 Err(error) => {

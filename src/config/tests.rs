@@ -305,6 +305,48 @@ mod reloading {
         assert_eq!(running.read().expect("lock").buffer.when_full, WhenFull::DropOldest);
     }
 
+    /// What the watcher reports within `within`, or `None`.
+    async fn next_within(watcher: &mut super::super::reload::Watcher, within: Duration) -> Option<WhenFull> {
+        match tokio::time::timeout(within, watcher.next()).await {
+            Ok(super::super::reload::Event::Valid(config)) => Some(config.buffer.when_full),
+            Ok(super::super::reload::Event::Invalid(error)) => panic!("{error}"),
+            Err(_) => None,
+        }
+    }
+
+    /// Issue 15: the file was read every 2 s, an idle agent's most frequent wake-up. Its folder
+    /// is watched now, so a change is seen at once (well before the 2 s a poll would take) and
+    /// nothing wakes in between.
+    #[tokio::test]
+    async fn a_file_written_in_place_is_noticed_without_polling() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "").expect("write");
+        let mut watcher = super::super::reload::Watcher::new(path.clone()).expect("watcher");
+        std::fs::write(&path, "[buffer]\nwhen_full = \"drop_newest\"\n").expect("write");
+        assert_eq!(next_within(&mut watcher, Duration::from_millis(1900)).await, Some(WhenFull::DropNewest));
+    }
+
+    /// A ConfigMap volume: `agent.toml` → `..data/agent.toml`, `..data` → a timestamped folder;
+    /// an update writes a new folder and renames a new `..data` link over the old one.
+    #[tokio::test]
+    async fn a_configmap_update_by_symlink_swap_is_noticed_without_polling() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let version = |name: &str, text: &str| {
+            std::fs::create_dir(dir.path().join(name)).expect("mkdir");
+            std::fs::write(dir.path().join(name).join("agent.toml"), text).expect("write");
+        };
+        version("..v1", "");
+        symlink("..v1", dir.path().join("..data")).expect("symlink");
+        symlink("..data/agent.toml", dir.path().join("agent.toml")).expect("symlink");
+        let mut watcher = super::super::reload::Watcher::new(dir.path().join("agent.toml")).expect("watcher");
+        version("..v2", "[buffer]\nwhen_full = \"drop_oldest\"\n");
+        symlink("..v2", dir.path().join("..data_tmp")).expect("symlink");
+        std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).expect("rename");
+        assert_eq!(next_within(&mut watcher, Duration::from_millis(1900)).await, Some(WhenFull::DropOldest));
+    }
+
     fn config(text: &str) -> Config {
         Config::from_toml(text).expect("valid")
     }
