@@ -8,11 +8,11 @@
 //! Drain, in order (each stage has a token of its own): readiness goes false → listeners stop
 //! accepting; connections read while data keeps coming, until they idle or half of
 //! `agent.drain_timeout` has passed, then shut their socket's read side (a writer's next write
-//! fails), take in what is queued and close → when sending stops (three quarters of the
-//! timeout) whatever still waits gives up, counted `drain_timeout` → only when every connection has finished does (disk) the spool
+//! fails), take in what is queued and close → at the deadline whatever still waits gives up,
+//! counted `drain_timeout` → only when every connection has finished does (disk) the spool
 //! writer write what they accepted and seal its segment → records ship until Kafka has
 //! acknowledged all of them (the wait is woken by each settlement) or three quarters of the
-//! timeout have passed → the producer is closed: what it has not sent is purged, answers to what
+//! timeout have passed (or the connections finished, if later) → the producer is closed: what it has not sent is purged, answers to what
 //! it sent are awaited until the deadline, then the unanswered are purged (a memory record is
 //! counted `unconfirmed`: Kafka may hold it) and every delivery report is served (none can come
 //! later) → the final count: with a disk buffer what Kafka did not acknowledge stays in the
@@ -187,7 +187,7 @@ pub async fn run(
     //    drain timeout has passed: then they stop reading (a writer's next write fails), take in
     //    what is already in their socket, and close. Then comes shipping, and the last quarter waits
     //    for Kafka's answers.
-    // 2. A connection still waiting when sending stops (for buffer room, a rate limit, or a writer
+    // 2. A connection still waiting at the deadline (for buffer room, a rate limit, or a writer
     //    reading its acknowledgements) gives up, counting what it holds as `drain_timeout`. Every
     //    wait of a connection ends on `abandon`, so they all finish: only then may the spool
     //    writer stop and the final count be taken (a record pushed later would be in neither).
@@ -204,8 +204,10 @@ pub async fn run(
     if tokio::time::timeout_at(read_deadline, &mut readers_done).await.is_err() {
         info!("connections still reading at half the drain timeout: they stop reading now");
         stages.stop_reading.cancel();
-        if tokio::time::timeout_at(sending_stops, &mut readers_done).await.is_err() {
-            warn!(buffer = buffer.describe(), "connections still busy when sending stops; they give up");
+        // Until the deadline, not until sending stops: an acknowledged writer hears of what Kafka
+        // confirms in the last quarter too (else it would send it again).
+        if tokio::time::timeout_at(deadline, &mut readers_done).await.is_err() {
+            warn!(buffer = buffer.describe(), "connections still busy at the drain deadline; they give up");
             stages.abandon();
             if tokio::time::timeout(CONNECTIONS_AFTER_ABANDON, &mut readers_done).await.is_err() {
                 error!("connections did not finish after the drain deadline: records they read later are not counted");
@@ -213,19 +215,20 @@ pub async fn run(
         }
     }
     // 3. The spool writer writes what the connections accepted, then seals its segment. Waiting
-    //    for disk room (the shipper still frees it), it may take until sending stops; then what
-    //    it could not write is counted `drain_timeout`.
+    //    for disk room (the shipper still frees it), it may take until the deadline; then what it
+    //    could not write is counted `drain_timeout`.
     stages.spooler.cancel();
     if let Some(task) = spooler_task {
         let spooled = tasks.join(task);
         tokio::pin!(spooled);
-        if tokio::time::timeout_at(sending_stops, &mut spooled).await.is_err() {
-            warn!(buffer = buffer.describe(), "the spool writer is still waiting for disk room when sending stops");
+        if tokio::time::timeout_at(deadline, &mut spooled).await.is_err() {
+            warn!(buffer = buffer.describe(), "the spool writer is still waiting for disk room at the drain deadline");
             stages.abandon();
             spooled.await;
         }
     }
-    // 4. Ship until Kafka has every record, or sending stops.
+    // 4. Ship until Kafka has every record, or sending stops (connections still busy past that
+    //    keep shipping going until they finish, at the deadline at the latest).
     if !buffer.wait_until_delivered(sending_stops).await {
         warn!(
             buffer = buffer.describe(),

@@ -974,8 +974,7 @@ impl Account {
                     Try::Naked(reason) => {
                         self.naked += 1;
                         *self.nak_reasons.entry(reason.clone()).or_default() += 1;
-                        // `unconfirmed`: Kafka may hold it (the NAK says so).
-                        if n > 0 && reason != Failed::Unconfirmed.as_str() {
+                        if n > 0 {
                             self.phantom += n;
                             examples.push(format!("{writer} {seq} try {attempt}: NAKed ({reason}), stored"));
                         }
