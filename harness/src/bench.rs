@@ -28,6 +28,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use sluice::client::load::{Amount, Load, Writes};
 
+/// What every benchmark agent starts from, in `config` (a fresh [`TestConfig`]): quiet logs,
+/// Kafka at `brokers` with `topic`, the admin server on port 0, its socket in its own folder, a
+/// 64 MiB memory buffer, `drain_timeout` 5 s. Each scenario then sets what it measures.
+pub fn agent_config(mut config: crate::TestConfig, brokers: &str, topic: &str) -> crate::TestConfig {
+    let socket = config.dir.path().join("sluice.sock").display().to_string();
+    config
+        .set("log", "level", "warn")
+        .set("kafka", "brokers", brokers)
+        .set("kafka", "topic", topic)
+        .set("agent", "admin_listen", "127.0.0.1:0")
+        .set("agent", "drain_timeout", "5s")
+        .listener("default", "socket", socket)
+        .set("buffer", "type", "memory")
+        .set("buffer", "max_bytes", "64 MiB");
+    config
+}
+
 /// Errors of the benchmark's parts.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -39,28 +39,16 @@ fn say(line: &str) {
     println!("{line}");
 }
 
-async fn start(services: &Services, max_connections: u64) -> Result<(TestConfig, Process), RunError> {
-    let mut config = TestConfig::empty("sluice-bench.");
-    let socket = config.dir.path().join("sluice.sock").display().to_string();
-    config
-        .set("log", "level", "warn")
-        .set("kafka", "brokers", services.kafka.as_str())
-        .set("kafka", "topic", format!("bench-connections-{}", now() as u64))
-        .set("agent", "admin_listen", "127.0.0.1:0")
-        .set("agent", "drain_timeout", "2s")
-        .listener("default", "socket", socket)
-        .listener("default", "max_connections", i64::try_from(max_connections).unwrap_or(i64::MAX))
-        .set("buffer", "type", "memory")
-        .set("buffer", "max_bytes", "64 MiB");
-    let agent = config.spawn_agent_at(&config.write()).await;
-    for _ in 0..100 {
-        if let Ok((200, _)) = crate::http_get(agent.admin(), "/healthz").await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    Ok((config, agent))
+/// A fresh agent (see [`super::agent_config`]) taking `max_connections`, once it is ready.
+async fn start(services: &Services, max_connections: u64) -> (TestConfig, Process) {
+    let mut config = super::agent_config(
+        TestConfig::empty("sluice-bench."),
+        &services.kafka,
+        &format!("bench-connections-{}", now() as u64),
+    );
+    config.listener("default", "max_connections", i64::try_from(max_connections).unwrap_or(i64::MAX));
+    let agent = crate::start_agent(&config).await;
+    (config, agent)
 }
 
 async fn metric_sum(agent: &Process, name: &str) -> String {
@@ -149,7 +137,7 @@ pub async fn run(settings: &Settings, services: &Services) -> Result<(), RunErro
         "| other connections | agent RSS at start (MiB) | RSS with them open (MiB) | read buffers (bytes) | busy connection records/s | RSS after (MiB) |",
     );
     say("| --- | --- | --- | --- | --- | --- |");
-    let (config, mut agent) = start(services, idle + slow + 100).await?;
+    let (config, mut agent) = start(services, idle + slow + 100).await;
     let idle_rss = rss_mib(&agent);
     let rate = busy(&config.socket(), records).await?;
     say(&format!(
@@ -159,7 +147,7 @@ pub async fn run(settings: &Settings, services: &Services) -> Result<(), RunErro
     ));
     agent.stop(Duration::from_secs(60)).await;
 
-    let (config, mut agent) = start(services, idle + slow + 100).await?;
+    let (config, mut agent) = start(services, idle + slow + 100).await;
     let idle_rss = rss_mib(&agent);
     let held = Held::open(&config.socket(), idle, slow)?;
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -18,7 +18,7 @@ use sluice::telemetry;
 
 use super::host::{clock_ticks, cpu_ticks, now, rss_kib};
 use super::run::RunError;
-use crate::{Process, Services, TestConfig};
+use crate::{Services, TestConfig};
 
 /// The command line: `[SECONDS]` (default 60) per phase.
 #[derive(Debug, Clone)]
@@ -81,29 +81,6 @@ fn threads(pid: i32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| tasks.count() as u64)
 }
 
-/// Starts the agent the phases measure: memory buffer, the stack's broker, admin on port 0.
-async fn start(services: &Services) -> Result<(TestConfig, Process), RunError> {
-    let mut config = TestConfig::empty("sluice-bench.");
-    let socket = config.dir.path().join("sluice.sock").display().to_string();
-    config
-        .set("log", "level", "warn")
-        .set("kafka", "brokers", services.kafka.as_str())
-        .set("kafka", "topic", format!("bench-pod-{}", now() as u64))
-        .set("agent", "admin_listen", "127.0.0.1:0")
-        .set("agent", "drain_timeout", "5s")
-        .listener("default", "socket", socket)
-        .set("buffer", "type", "memory")
-        .set("buffer", "max_bytes", "64 MiB");
-    let agent = config.spawn_agent_at(&config.write()).await;
-    for _ in 0..300 {
-        if let Ok((200, _)) = crate::http_get(agent.admin(), "/readyz").await {
-            return Ok((config, agent));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(RunError::Failed("the agent did not become ready in 30 s".into()))
-}
-
 /// Measures `pid` over `seconds` while `rate` records/s (0: none) of 256 bytes go to `socket`.
 async fn phase(pid: i32, socket: &Path, rate: u64, seconds: u64) -> Result<Phase, RunError> {
     let ticks_per_second = clock_ticks() as f64;
@@ -151,7 +128,12 @@ async fn phase(pid: i32, socket: &Path, rate: u64, seconds: u64) -> Result<Phase
 /// Measures the phases: idle first (a fresh agent, 10 s after it became ready), then 1k and
 /// 10k records/s.
 pub async fn measure(services: &Services, seconds: u64) -> Result<Vec<Phase>, RunError> {
-    let (config, mut agent) = start(services).await?;
+    let config = super::agent_config(
+        TestConfig::empty("sluice-bench."),
+        &services.kafka,
+        &format!("bench-pod-{}", now() as u64),
+    );
+    let mut agent = crate::start_agent(&config).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut phases = Vec::new();
     for rate in [0, 1_000, 10_000] {

@@ -294,21 +294,14 @@ impl Bench {
 
     /// The benchmark's agent: `buffer` (`memory` or `disk`) of 64 MiB that blocks when full.
     fn agent_config(&self, topic: &str, buffer: &str) -> TestConfig {
-        let mut config = TestConfig::empty_in(self.work.path(), "agent.");
-        let socket = config.dir.path().join("sluice.sock").display().to_string();
+        let mut config =
+            super::agent_config(TestConfig::empty_in(self.work.path(), "agent."), &self.services.kafka, topic);
         let spool = config.dir.path().join("spool").display().to_string();
-        config
-            .set("log", "level", "warn")
-            .set("kafka", "brokers", self.services.kafka.as_str())
-            .set("kafka", "topic", topic)
-            .set("agent", "admin_listen", "127.0.0.1:0")
-            .set("agent", "drain_timeout", "5s")
-            .listener("default", "socket", socket)
-            .set("buffer", "type", buffer)
-            .set("buffer", "path", spool)
-            .set("buffer", "max_bytes", "64 MiB")
-            .set("buffer", "when_full", "block")
-            .set("buffer", "block_timeout", "forever");
+        config.set("buffer", "type", buffer).set("buffer", "path", spool).set("buffer", "when_full", "block").set(
+            "buffer",
+            "block_timeout",
+            "forever",
+        );
         config
     }
 

@@ -38,19 +38,11 @@ fn say(line: &str) {
 /// An agent on a disk spool with `fsync`, Kafka at `brokers`; ready to write to once its
 /// socket and `/healthz` answer (not `/readyz`: Kafka may be unreachable on purpose).
 async fn start(brokers: &str, fsync: &str, topic: &str) -> Result<(TestConfig, Process), RunError> {
-    let mut config = TestConfig::empty("sluice-bench.");
-    let socket = config.dir.path().join("sluice.sock").display().to_string();
+    let mut config = super::agent_config(TestConfig::empty("sluice-bench."), brokers, topic);
     let spool = config.dir.path().join("spool").display().to_string();
     config
-        .set("log", "level", "warn")
-        .set("kafka", "brokers", brokers)
-        .set("kafka", "topic", topic)
-        .set("agent", "admin_listen", "127.0.0.1:0")
-        .set("agent", "drain_timeout", "2s")
-        .listener("default", "socket", socket)
         .set("buffer", "type", "disk")
         .set("buffer", "path", spool)
-        .set("buffer", "max_bytes", "64 MiB")
         .set("buffer", "max_disk_bytes", "4 GiB")
         .set("buffer", "fsync", fsync)
         .set("buffer", "block_timeout", "forever");
