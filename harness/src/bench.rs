@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use sluice::client::load::{Amount, Load, Writes};
 
-/// What every benchmark agent starts from, in `config` (a fresh [`TestConfig`]): quiet logs,
+/// What every benchmark agent starts from, in `config` (a fresh [`TestConfig`](crate::TestConfig)): quiet logs,
 /// Kafka at `brokers` with `topic`, the admin server on port 0, its socket in its own folder, a
 /// 64 MiB memory buffer, `drain_timeout` 5 s. Each scenario then sets what it measures.
 pub fn agent_config(mut config: crate::TestConfig, brokers: &str, topic: &str) -> crate::TestConfig {
