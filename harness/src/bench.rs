@@ -18,6 +18,7 @@ pub mod report;
 pub mod run;
 pub mod spool;
 pub mod summary;
+pub mod targets;
 
 use std::io::Read;
 use std::os::unix::net::UnixListener;

@@ -20,6 +20,9 @@ use super::host::{clock_ticks, cpu_ticks, now, rss_kib};
 use super::run::RunError;
 use crate::{Services, TestConfig};
 
+/// How long a fresh agent runs before its idle phase is measured: start-up is not idling.
+pub const WARM_UP: Duration = Duration::from_secs(10);
+
 /// The command line: `[SECONDS]` (default 60) per phase.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -125,16 +128,16 @@ async fn phase(pid: i32, socket: &Path, rate: u64, seconds: u64) -> Result<Phase
     })
 }
 
-/// Measures the phases: idle first (a fresh agent, 10 s after it became ready), then 1k and
-/// 10k records/s.
-pub async fn measure(services: &Services, seconds: u64) -> Result<Vec<Phase>, RunError> {
+/// Measures the phases: idle first (a fresh agent, `warm_up` after it became ready), then 1k
+/// and 10k records/s.
+pub async fn measure(services: &Services, seconds: u64, warm_up: Duration) -> Result<Vec<Phase>, RunError> {
     let config = super::agent_config(
         TestConfig::empty("sluice-bench."),
         &services.kafka,
         &format!("bench-pod-{}", now() as u64),
     );
     let mut agent = crate::start_agent(&config).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(warm_up).await;
     let mut phases = Vec::new();
     for rate in [0, 1_000, 10_000] {
         phases.push(phase(agent.pid(), &config.socket(), rate, seconds).await?);
@@ -158,7 +161,7 @@ pub async fn run(settings: &Settings, services: &Services) -> Result<(), RunErro
     ));
     say("| load | CPU ticks | cores | context switches | per 1,000 records | RSS (MiB) | threads |");
     say("| --- | --- | --- | --- | --- | --- | --- |");
-    for phase in measure(services, settings.seconds).await? {
+    for phase in measure(services, settings.seconds, WARM_UP).await? {
         let load = if phase.rate == 0 { "idle".to_string() } else { format!("{} records/s", phase.rate) };
         let per_1000 = phase.switches_per_1000_records().map_or("—".into(), |n| format!("{n:.0}"));
         say(&format!(

@@ -10,6 +10,8 @@ use serde::Serialize;
 
 use super::LoadResult;
 use super::kafka::ProducerResult;
+use super::pod::Phase;
+use super::targets::{Target, targets};
 
 /// Ingest → Kafka-ack (or socket → row) latency from a histogram: for p50, p99 and p99.9 the
 /// bucket bound (seconds, as the exposition writes it) at or under which that share was.
@@ -200,6 +202,14 @@ pub struct Persist {
     pub persister_cpu_cores_per_10k_rows_per_second: f64,
     /// Its high-water mark, MiB.
     pub persister_peak_rss_mib: f64,
+    /// Which records: `256 B` (the max-rate run's) or `sample` (`bench/sample.jsonl`).
+    pub shape: String,
+    /// The records' mean size as the app wrote them, newline not counted.
+    pub record_bytes: f64,
+    /// `pg_total_relation_size` (heap, TOAST, indexes) summed over the partitions of `logs`.
+    pub relation_bytes: u64,
+    /// `relation_bytes` per row.
+    pub bytes_per_row: f64,
 }
 
 /// Socket → row latency before the stall and over the whole run.
@@ -239,6 +249,9 @@ pub struct Ceilings {
     pub ingest: LoadResult,
     /// The raw producer.
     pub shipping: ProducerResult,
+    /// The socket reader that discards, written at the fixed-rate run's rate by the same
+    /// writers: the baseline for that run's write-call latency.
+    pub ingest_at_rate: LoadResult,
 }
 
 /// Sluice over its peers and ceilings.
@@ -252,6 +265,31 @@ pub struct Ratios {
     pub delivered_to_rsyslog: f64,
     /// CPU per record over rsyslog's.
     pub cpu_per_record_to_rsyslog: f64,
+}
+
+/// Every scenario's figures, as the run measured them.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenarios {
+    /// The ceilings.
+    pub ceilings: Ceilings,
+    /// Max rate.
+    pub steady: MaxRate,
+    /// Fixed rate.
+    pub fixed_rate: FixedRate,
+    /// rsyslog.
+    pub rsyslog: Rsyslog,
+    /// Broker outage.
+    pub outage: Outage,
+    /// The persister, draining the max-rate topic.
+    pub persist: Persist,
+    /// The persister, draining the sample shape's topic (`bench/sample.jsonl` records).
+    pub persist_sample: Persist,
+    /// PostgreSQL stalled.
+    pub pg_stall: PgStall,
+    /// Record shapes.
+    pub shapes: Vec<ShapeRun>,
+    /// One sidecar's cost: idle, at 1k and at 10k records/s (`sluice-bench pod`'s phases).
+    pub pod: Vec<Phase>,
 }
 
 /// `results.json`.
@@ -269,65 +307,30 @@ pub struct Results {
     pub size: u64,
     /// Connections.
     pub connections: u32,
-    /// The ceilings.
-    pub ceilings: Ceilings,
-    /// Max rate.
-    pub steady: MaxRate,
-    /// Fixed rate.
-    pub fixed_rate: FixedRate,
-    /// rsyslog.
-    pub rsyslog: Rsyslog,
-    /// Broker outage.
-    pub outage: Outage,
-    /// The persister.
-    pub persist: Persist,
-    /// PostgreSQL stalled.
-    pub pg_stall: PgStall,
-    /// Record shapes.
-    pub shapes: Vec<ShapeRun>,
+    /// The scenarios (flattened: `results.json` keeps its keys).
+    #[serde(flatten)]
+    pub scenarios: Scenarios,
     /// Ratios.
     pub ratios: Ratios,
+    /// Each target of issue 15, met or missed by how much.
+    pub targets: Vec<Target>,
 }
 
 impl Results {
-    /// Puts the run together and works out the ratios.
-    #[expect(clippy::too_many_arguments, reason = "one argument per scenario, named as in results.json")]
-    pub fn new(
-        header: (String, String, String, u64, u64, u32),
-        ceilings: Ceilings,
-        steady: MaxRate,
-        fixed_rate: FixedRate,
-        rsyslog: Rsyslog,
-        outage: Outage,
-        persist: Persist,
-        pg_stall: PgStall,
-        shapes: Vec<ShapeRun>,
-    ) -> Self {
+    /// Puts the run together and works out the ratios and the targets.
+    pub fn new(header: (String, String, String, u64, u64, u32), scenarios: Scenarios) -> Self {
         let (when, machine, command, records, size, connections) = header;
+        let x = &scenarios;
         let ratios = Ratios {
-            ingest_to_ingest_ceiling: steady.load.records_per_second / ceilings.ingest.records_per_second,
-            delivered_to_shipping_ceiling: steady.delivered_records_per_second / ceilings.shipping.records_per_second,
-            delivered_to_rsyslog: steady.delivered_records_per_second / rsyslog.delivered_records_per_second,
-            cpu_per_record_to_rsyslog: steady.agent_cpu_cores_per_10k_records_per_second
-                / rsyslog.cpu_cores_per_10k_records_per_second,
+            ingest_to_ingest_ceiling: x.steady.load.records_per_second / x.ceilings.ingest.records_per_second,
+            delivered_to_shipping_ceiling: x.steady.delivered_records_per_second
+                / x.ceilings.shipping.records_per_second,
+            delivered_to_rsyslog: x.steady.delivered_records_per_second / x.rsyslog.delivered_records_per_second,
+            cpu_per_record_to_rsyslog: x.steady.agent_cpu_cores_per_10k_records_per_second
+                / x.rsyslog.cpu_cores_per_10k_records_per_second,
         };
-        Self {
-            when,
-            machine,
-            command,
-            records,
-            size,
-            connections,
-            ceilings,
-            steady,
-            fixed_rate,
-            rsyslog,
-            outage,
-            persist,
-            pg_stall,
-            shapes,
-            ratios,
-        }
+        let targets = targets(&scenarios, &ratios);
+        Self { when, machine, command, records, size, connections, scenarios, ratios, targets }
     }
 }
 

@@ -1,6 +1,7 @@
 //! `scripts/bench`: every scenario of the benchmark in one run, next to the machine's limits.
 //!
-//! 1. Ceilings: the ingest ceiling (the same writers into a Unix socket reader that discards)
+//! 1. Ceilings: the ingest ceiling (the same writers into a Unix socket reader that discards,
+//!    at max rate and at RATE records/s: the fixed-rate run's write-latency baseline)
 //!    and the shipping ceiling (a raw librdkafka producer with the agent's settings sending the
 //!    same envelopes to the same broker).
 //! 2. Steady state at max rate: RECORDS records of SIZE bytes from CONNECTIONS connections into
@@ -16,11 +17,17 @@
 //!    OUTAGE seconds mid-run and started again; write latency during it, the spool's backlog
 //!    and drain, RSS, sampled every 0.5 s. (Stops the stack's broker: not while tests use it.)
 //! 6. The persister drains the max-rate topic into a fresh PostgreSQL schema; rows/s from its
-//!    first row to its last, its CPU and RSS; rows counted in PostgreSQL.
+//!    first row to its last, its CPU and RSS; rows counted in PostgreSQL; the bytes a row takes
+//!    (heap, TOAST, indexes). Then the same for the sample shape's topic.
 //! 7. PostgreSQL stalled: agent + persister at RATE records/s; AROUND seconds in, every insert
 //!    into `logs` waits (a statement-level trigger looping on `pg_sleep` while a flag row
 //!    exists) for OUTAGE seconds. Write latency, socket → row latency (before the stall and
 //!    overall), the persister's backlog and catch-up, sampled every 0.5 s.
+//! 8. Cost per pod (`sluice-bench pod`'s phases): one agent idle for 60 s, then at 1k and 10k
+//!    records/s: CPU, context switches, RSS.
+//!
+//! The summary then holds each of issue 15's targets (`targets.rs`) next to its figure: met, or
+//! by how much missed.
 //!
 //! Every run verifies its counts: records written = messages in the run's Kafka topic + counted
 //! drops (= rows in PostgreSQL where a persister ran), or it fails. Results: the scenarios'
@@ -46,7 +53,7 @@ mod scenarios;
 
 use super::host::{clock_ticks, machine, now};
 use super::kafka;
-use super::report::{BucketLatency, Ceilings, Counts, Results, ShapeRun};
+use super::report::{BucketLatency, Ceilings, Counts, Results, Scenarios, ShapeRun};
 use super::summary::summary;
 use super::{BenchError, LoadOptions, LoadResult, Shape};
 use crate::{Process, Services, TestConfig};
@@ -461,6 +468,13 @@ impl Bench {
         let (dir, options) = (self.work.path().to_path_buf(), self.load_options(s.records, 0, &padded));
         let ingest = blocking(move || super::socket_ceiling(&dir, &options)).await?;
         self.write_json("socket_ceiling.json", &ingest)?;
+        log(&format!(
+            "ingest ceiling at the fixed rate: {} records/s for {} s, the same writers, reader discards",
+            s.rate, s.seconds
+        ));
+        let (dir, options) = (self.work.path().to_path_buf(), self.load_options(s.rate * s.seconds, s.rate, &padded));
+        let ingest_at_rate = blocking(move || super::socket_ceiling(&dir, &options)).await?;
+        self.write_json("socket_at_rate.json", &ingest_at_rate)?;
         log(&format!("shipping ceiling: raw librdkafka producer, {} envelopes", s.records));
         let shipping = self.shipping_ceiling(s.records, &padded).await?;
         self.write_json("producer_ceiling.json", &shipping)?;
@@ -475,6 +489,7 @@ impl Bench {
         let shape_records = s.records / 2;
         let mut shapes = Vec::new();
         let sample = self.root.join("bench/sample.jsonl");
+        let mut sample_topic = None;
         for (shape, label) in [
             (Shape::Padded(64), "64 B".to_string()),
             (Shape::Padded(1024), "1024 B".to_string()),
@@ -482,8 +497,11 @@ impl Bench {
         ] {
             log(&format!("records of {label}: shipping ceiling, then sluice at max rate ({shape_records} records)"));
             let ceiling = self.shipping_ceiling(shape_records, &shape).await?;
-            let run =
-                self.max_rate_run(&format!("bench-shape-{}-{}", self.stamp, random()), shape_records, &shape).await?;
+            let topic = format!("bench-shape-{}-{}", self.stamp, random());
+            let run = self.max_rate_run(&topic, shape_records, &shape).await?;
+            if label == "sample" {
+                sample_topic = Some((topic, run.load.bytes as f64 / run.load.records as f64 - 1.0));
+            }
             shapes.push(ShapeRun {
                 delivered_to_shipping_ceiling: run.delivered_records_per_second / ceiling.records_per_second,
                 mean_record_bytes: run.load.bytes as f64 / run.load.records as f64,
@@ -500,23 +518,34 @@ impl Bench {
         self.write_json("rsyslog.json", &rsyslog)?;
         let outage = self.outage(&padded).await?;
         self.write_json("outage.json", &outage)?;
-        let persist = self.persist(&steady_topic).await?;
+        let persist = self.persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0).await?;
         self.write_json("persist.json", &persist)?;
+        let (sample_topic, sample_bytes) = sample_topic.ok_or_else(|| failed("the sample shape did not run"))?;
+        let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes).await?;
+        self.write_json("persist_sample.json", &persist_sample)?;
         let pg_stall = self.pg_stall(&padded).await?;
         self.write_json("pg_stall.json", &pg_stall)?;
+        let (seconds, warm_up) = if s.smoke { (2, Duration::from_secs(1)) } else { (60, super::pod::WARM_UP) };
+        log(&format!("cost per pod: one agent idle, then at 1k and 10k records/s, {seconds} s each"));
+        let pod = super::pod::measure(&self.services, seconds, warm_up).await?;
+        self.write_json("pod.json", &pod)?;
 
         // ---- report
         let command = std::iter::once("scripts/bench".to_string()).chain(s.args.iter().cloned()).collect::<Vec<_>>();
         let results = Results::new(
             (self.stamp.clone(), machine(), command.join(" "), s.records, s.size, s.connections),
-            Ceilings { ingest, shipping },
-            steady,
-            fixed_rate,
-            rsyslog,
-            outage,
-            persist,
-            pg_stall,
-            shapes,
+            Scenarios {
+                ceilings: Ceilings { ingest, shipping, ingest_at_rate },
+                steady,
+                fixed_rate,
+                rsyslog,
+                outage,
+                persist,
+                persist_sample,
+                pg_stall,
+                shapes,
+                pod,
+            },
         );
         self.write_json("results.json", &results)?;
         let mut summary = summary(&results);

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use super::LoadResult;
 use super::report::Results;
+use super::targets::{Goal, Target, Unit};
 
 /// Rounded to one decimal (and printed without a trailing `.0`).
 fn r(value: f64) -> String {
@@ -35,22 +36,71 @@ fn latency(load: &LoadResult) -> String {
     format!("{} / {} / {} / {}", r(l.p50_us), r(l.p99_us), r(l.p999_us), r(l.max_us))
 }
 
+/// A figure as its unit reads.
+fn figure(value: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Ratio => format!("{}×", round_to(value, 2)),
+        Unit::Cores => format!("{} cores", round_to(value, 4)),
+        Unit::CoresPer10k => format!("{} cores per 10k/s", round_to(value, 3)),
+        Unit::Mib => format!("{} MiB", r(value)),
+        Unit::RowsPerSecond => format!("{} rows/s", k(value)),
+        Unit::BytesPerRow => format!("{} B", value.round()),
+    }
+}
+
+/// The targets' table: figure, limit, figure / limit, and met or missed.
+fn targets(line: &mut impl FnMut(String), targets: &[Target]) {
+    let met = targets.iter().filter(|target| target.met == Some(true)).count();
+    let measured = targets.iter().filter(|target| target.met.is_some()).count();
+    line(format!("## Targets (issue 15): {met} of {} met, {} not measured\n", targets.len(), targets.len() - measured));
+    line("| target | figure | limit | figure / limit | verdict | from |".into());
+    line("| --- | --- | --- | --- | --- | --- |".into());
+    for target in targets {
+        let limit = match target.goal {
+            Goal::AtLeast => format!("≥ {}", figure(target.limit, target.unit)),
+            Goal::AtMost => format!("≤ {}", figure(target.limit, target.unit)),
+        };
+        let verdict = match target.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "not measured",
+        };
+        line(format!(
+            "| {} | {} | {limit} | {} | {verdict} | {} |",
+            target.target,
+            target.figure.map_or("—".into(), |value| figure(value, target.unit)),
+            target.ratio_to_limit.map_or("—".into(), |ratio| round_to(ratio, 2)),
+            target.how
+        ));
+    }
+    line(String::new());
+}
+
 /// `summary.md` (without the plots, which come after them).
 pub fn summary(results: &Results) -> String {
-    let x = results;
+    let (header, x) = (results, &results.scenarios);
     let mut out = String::new();
     let mut line = |text: String| {
         out.push_str(&text);
         out.push('\n');
     };
-    line(format!("# Sluice benchmark, {}\n", x.when));
+    line(format!("# Sluice benchmark, {}\n", header.when));
     line(format!(
         "Machine: {}. Command: `{}`. {} records of {} B over {} connections.\n",
-        x.machine, x.command, x.records, x.size, x.connections
+        header.machine, header.command, header.records, header.size, header.connections
     ));
+    targets(&mut line, &results.targets);
     line("| run | records/s | MiB/s | write p50 / p99 / p99.9 / max (µs) |".into());
     line("| --- | --- | --- | --- |".into());
     let ingest = &x.ceilings.ingest;
+    let at_rate = &x.ceilings.ingest_at_rate;
+    line(format!(
+        "| ingest ceiling at {} records/s (socket, reader discards) | {} | {} | {} |",
+        x.fixed_rate.rate,
+        k(at_rate.records_per_second),
+        r(at_rate.mib_per_second),
+        latency(at_rate)
+    ));
     line(format!(
         "| ingest ceiling (socket, reader discards) | {} | {} | {} |",
         k(ingest.records_per_second),
@@ -113,14 +163,14 @@ pub fn summary(results: &Results) -> String {
     line(String::new());
     line(format!(
         "- Ingest vs its ceiling: {}%; delivered vs the shipping ceiling: {}%.",
-        percent(x.ratios.ingest_to_ingest_ceiling),
-        percent(x.ratios.delivered_to_shipping_ceiling)
+        percent(results.ratios.ingest_to_ingest_ceiling),
+        percent(results.ratios.delivered_to_shipping_ceiling)
     ));
     line(format!(
         "- Sluice vs rsyslog ({}): delivered {}×; CPU per record {}× (rsyslog {} cores per 10k records/s, RSS idle {} / peak {} MiB).",
         rsyslog.version,
-        round_to(x.ratios.delivered_to_rsyslog, 2),
-        round_to(x.ratios.cpu_per_record_to_rsyslog, 2),
+        round_to(results.ratios.delivered_to_rsyslog, 2),
+        round_to(results.ratios.cpu_per_record_to_rsyslog, 2),
         round_to(rsyslog.cpu_cores_per_10k_records_per_second, 3),
         r(rsyslog.rss_mib.idle),
         r(rsyslog.rss_mib.peak)
@@ -172,6 +222,29 @@ pub fn summary(results: &Results) -> String {
         r(persist.seconds),
         round_to(persist.persister_cpu_cores_per_10k_rows_per_second, 3),
         r(persist.persister_peak_rss_mib)
+    ));
+    let sample = &x.persist_sample;
+    line(format!(
+        "- PostgreSQL bytes per row (heap + TOAST + indexes): {} B for {} records (mean {} B), {} B for sample records (mean {} B; {} rows/s).",
+        persist.bytes_per_row.round(),
+        persist.shape,
+        persist.record_bytes.round(),
+        sample.bytes_per_row.round(),
+        sample.record_bytes.round(),
+        k(sample.rows_per_second)
+    ));
+    let phases: Vec<String> = x
+        .pod
+        .iter()
+        .map(|phase| {
+            let load = if phase.rate == 0 { "idle".to_string() } else { format!("{} records/s", k(phase.rate as f64)) };
+            format!("{load} {} cores, {} MiB", round_to(phase.cpu_cores, 4), r(phase.rss_mib))
+        })
+        .collect();
+    line(format!(
+        "- Cost per pod (one agent, one connection writing 256 B records, {} s per phase; `scripts/bench-pod` measures the same): {}.",
+        x.pod.first().map_or(0.0, |phase| phase.seconds).round(),
+        phases.join("; ")
     ));
     let (before, overall) = (&stall.socket_to_postgres_row.before_stall, &stall.socket_to_postgres_row.overall);
     line(format!(

@@ -258,12 +258,18 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         })
     }
 
-    /// 6. The persister drains the max-rate topic into PostgreSQL.
-    pub(super) async fn persist(&self, steady_topic: &str) -> Result<Persist, RunError> {
-        let records = self.settings.records;
+    /// The persister (scenario 6) drains `topic` — `records` records of `shape`, `record_bytes`
+    /// each on average as written — into PostgreSQL: rows/s, CPU, RSS, bytes per row.
+    pub(super) async fn persist(
+        &self,
+        topic: &str,
+        records: u64,
+        shape: &str,
+        record_bytes: f64,
+    ) -> Result<Persist, RunError> {
         let schema = self.new_schema();
-        log(&format!("persister: {records} records from {steady_topic} into PostgreSQL schema {schema}"));
-        let config = self.persister_config(steady_topic, &schema);
+        log(&format!("persister: {records} records from {topic} into PostgreSQL schema {schema}"));
+        let config = self.persister_config(topic, &schema);
         let mut persister = start_persister(&config).await;
         let (first, first_rows, last) = Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
         let pid = persister.pid();
@@ -284,6 +290,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         if in_pg != records {
             return Err(failed(format!("the persister stored {in_pg} rows for {records} records")));
         }
+        let relation_bytes = self.relation_bytes(&schema).await?;
         self.sql(&format!("DROP SCHEMA {schema} CASCADE")).await?;
         let seconds = last - first;
         let rate = (records - first_rows) as f64 / seconds;
@@ -297,7 +304,27 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
             persister_cpu_seconds: cpu,
             persister_cpu_cores_per_10k_rows_per_second: (cpu / seconds) / (rate / 10_000.0),
             persister_peak_rss_mib: peak_rss as f64 / 1024.0,
+            shape: shape.to_string(),
+            record_bytes,
+            relation_bytes,
+            bytes_per_row: relation_bytes as f64 / in_pg.max(1) as f64,
         })
+    }
+
+    /// What `schema.logs` takes on disk: `pg_total_relation_size` (heap, TOAST, indexes, every
+    /// fork) of each of its partitions, summed.
+    async fn relation_bytes(&self, schema: &str) -> Result<u64, RunError> {
+        let row = self
+            .db
+            .query_one(
+                &format!(
+                    "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint FROM pg_inherits \
+                     WHERE inhparent = '{schema}.logs'::regclass"
+                ),
+                &[],
+            )
+            .await?;
+        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
     }
 
     /// 7. PostgreSQL stalled under agent + persister.
