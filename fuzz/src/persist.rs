@@ -17,7 +17,7 @@
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
 use sluice::envelope::{EnvelopeWriter, Peer, PodMetadata};
-use sluice::persist::row::{DeadLetter, MAX_ERROR_TEXT, Origin, Parsed, Row, Window, parse};
+use sluice::persist::row::{DeadLetter, MAX_ERROR_TEXT, Origin, Parsed, RecordKey, Row, Window, parse};
 use sluice::telemetry::outcome::DeadLetterReason;
 
 use crate::alloc::peak_during;
@@ -28,7 +28,7 @@ pub const AGENT_MAX_DEPTH: usize = 100_000;
 /// Longest level a row keeps (`row.rs`: longer values are not levels).
 const MAX_LEVEL_LEN: usize = 32;
 
-/// Memory `parse` may hold for a message of `len` bytes: the record's text, its payload and,
+/// Memory `parse` may hold for a message of `len` bytes: the record's text or line and,
 /// for a record whose NULs are looked for, a tree of it, plus slack.
 fn memory_bound(len: usize) -> usize {
     64 * 1024 + 64 * len
@@ -95,9 +95,10 @@ pub fn line(bytes: &[u8]) {
     writer.write(line, &peer, now, &mut envelope);
     match message(&envelope) {
         Parsed::Row(row) => {
-            assert!(!escapes_nul(&row.record.0), "a row with an escaped NUL");
-            assert_eq!(row.payload, line, "the row does not hold the line the agent read");
-            assert_eq!(row.record_id, format!("{}-0", writer.instance()));
+            assert!(!row.record.as_ref().is_some_and(|record| escapes_nul(&record.0)), "a row with an escaped NUL");
+            assert_eq!(row.key, RecordKey::of(&format!("{}-0", writer.instance())));
+            assert_eq!(row.key.seq, 0, "an agent's id is its instance uuid and sequence");
+            assert_eq!(row.clone().into_written(), line.as_bytes(), "the row does not hold the line the agent read");
             assert_eq!(row.ingest_time, now);
             assert_eq!(row.pod_name, pod.name);
             assert_eq!((row.peer_pid, row.peer_uid, row.peer_gid), (Some(7), Some(1000), Some(2000)));
@@ -136,21 +137,21 @@ fn storable(column: &str, text: &str) {
 
 fn check_row(row: &Row, value: &[u8]) {
     for (column, text) in [
-        ("record_id", Some(row.record_id.as_str())),
         ("level", row.level.as_deref()),
         ("message", row.message.as_deref()),
         ("pod_name", row.pod_name.as_deref()),
         ("pod_namespace", row.pod_namespace.as_deref()),
         ("container_name", row.container_name.as_deref()),
         ("node_name", row.node_name.as_deref()),
-        ("payload", Some(row.payload.as_str())),
-        ("record", Some(row.record.0.as_str())),
+        ("record", row.record.as_ref().map(|record| record.0.as_str())),
     ] {
         if let Some(text) = text {
             storable(column, text);
         }
     }
-    assert!(!escapes_nul(&row.record.0), "jsonb record with an escaped NUL: {:?}", row.record.0);
+    if let Some(record) = &row.record {
+        assert!(!escapes_nul(&record.0), "a record with an escaped NUL: {:?}", record.0);
+    }
     assert_eq!(row.origin, origin());
     if let Some(level) = &row.level {
         assert!(!level.is_empty() && level.len() <= MAX_LEVEL_LEN, "level {level:?}");
@@ -162,10 +163,13 @@ fn check_row(row: &Row, value: &[u8]) {
     match row.format {
         // The app's JSON is kept verbatim: its bytes are in the message as they were.
         "json" => {
-            assert_eq!(row.payload, row.record.0, "a JSON record's payload is its text");
-            assert!(contains(value, row.record.0.as_bytes()), "the record is not the message's bytes");
+            let record = row.record.as_ref().expect("a JSON record's row holds its text");
+            assert!(contains(value, record.0.as_bytes()), "the record is not the message's bytes");
         }
-        "text" => {}
+        "text" => {
+            assert_eq!(row.record, None, "a text record is stored once, as its message");
+            assert!(row.message.is_some(), "a text record's line is its message");
+        }
         other => panic!("format {other}"),
     }
     agrees_with_envelope(row, value);
@@ -176,7 +180,7 @@ fn check_row(row: &Row, value: &[u8]) {
             [DeadLetterReason::Expired, DeadLetterReason::IngestTimeInFuture].contains(&reason),
             "window reason {reason:?}"
         );
-        let letter = DeadLetter::new(row.origin.clone(), reason, &error, Some(row.payload.clone().into_bytes()));
+        let letter = DeadLetter::new(row.origin.clone(), reason, &error, Some(row.clone().into_written()));
         assert!(DeadLetterReason::ALL.contains(&letter.reason));
         storable_error(&letter.error);
     }
@@ -188,7 +192,8 @@ fn agrees_with_envelope(row: &Row, value: &[u8]) {
     let Ok(Value::Object(envelope)) = serde_json::from_slice::<Value>(value) else { return };
     let text = |value: Option<&Value>| value.and_then(Value::as_str).map(str::to_owned);
     assert_eq!(envelope.get("v").and_then(Value::as_u64), Some(1), "a row from an envelope of another version");
-    assert_eq!(text(envelope.get("id")).as_deref(), Some(row.record_id.as_str()));
+    let id = text(envelope.get("id")).expect("a row's envelope has an id");
+    assert_eq!(RecordKey::of(&id), row.key, "the key of id {id:?}");
     assert_eq!(text(envelope.get("format")).as_deref(), Some(row.format));
     let ingest = text(envelope.get("ingest_time")).expect("a row's envelope has an ingest time");
     assert_eq!(ingest.parse::<DateTime<Utc>>().ok(), Some(row.ingest_time), "ingest time {ingest}");
@@ -204,8 +209,7 @@ fn agrees_with_envelope(row: &Row, value: &[u8]) {
     }
     let record = envelope.get("record").expect("a row's envelope has a record");
     if row.format == "text" && record.is_object() {
-        assert_eq!(text(record.get("message")).as_deref(), Some(row.payload.as_str()), "a text record's line");
-        assert_eq!(row.message.as_deref(), Some(row.payload.as_str()));
+        assert_eq!(text(record.get("message")), row.message, "a text record's line");
     }
     if row.format == "json"
         && let Some(fields) = record.as_object()
@@ -214,7 +218,9 @@ fn agrees_with_envelope(row: &Row, value: &[u8]) {
     {
         numeric_time_is_its_number(time, number);
     }
-    if let Ok(parsed) = serde_json::from_str::<Value>(&row.record.0) {
+    if let Some(stored) = &row.record
+        && let Ok(parsed) = serde_json::from_str::<Value>(&stored.0)
+    {
         assert_eq!(&parsed, record, "the record column is not the envelope's record");
     }
 }

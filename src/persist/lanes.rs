@@ -179,7 +179,8 @@ impl Batch {
             match window.refuses(&row) {
                 None => self.rows.push(row),
                 Some((reason, error)) => {
-                    self.dead.push(DeadLetter::new(row.origin, reason, &error, Some(row.payload.into_bytes())));
+                    let origin = row.origin.clone();
+                    self.dead.push(DeadLetter::new(origin, reason, &error, Some(row.into_written())));
                 }
             }
         }
@@ -501,12 +502,9 @@ pub(super) async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut B
         } else if let Some(row) = part.rows.pop() {
             error!(error = %refused, topic = %row.origin.topic, partition = row.origin.partition, offset = row.origin.offset,
                 "postgres rejects a record; it goes to dead_letters");
-            let letter = DeadLetter::new(
-                row.origin,
-                DeadLetterReason::RejectedByPostgres,
-                &refused,
-                Some(row.payload.into_bytes()),
-            );
+            let origin = row.origin.clone();
+            let letter =
+                DeadLetter::new(origin, DeadLetterReason::RejectedByPostgres, &refused, Some(row.into_written()));
             pending.push((Part { rows: Vec::new(), dead: vec![letter] }, None));
         } else if let Some(letter) = part.dead.pop() {
             let plain = letter.ascii_only();

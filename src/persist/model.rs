@@ -56,7 +56,7 @@ use super::lanes::{BatchWriter, Database, Run, Source, consume};
 use super::*;
 use rdkafka::error::KafkaResult;
 
-use crate::persist::row::{DeadLetter, Row};
+use crate::persist::row::{DeadLetter, RecordKey, Row};
 use crate::telemetry::outcome::{DeadLetterReason, Lost};
 
 const TOPIC: &str = "logs";
@@ -447,8 +447,8 @@ impl World {
         let mut written = writer::Written::default();
         for row in rows {
             let at = (row.origin.partition, row.origin.offset);
-            if row.record_id != format!("r{}-{}", at.0, at.1) {
-                self.violations.push(format!("{at:?} written with record id {}", row.record_id));
+            if row.key != RecordKey::of(&format!("r{}-{}", at.0, at.1)) {
+                self.violations.push(format!("{at:?} written with record key {}", row.key));
             }
             *self.row_attempts.entry(at).or_default() += 1;
             match self.rows.entry(at) {

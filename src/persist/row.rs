@@ -34,7 +34,7 @@ pub struct Origin {
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
 pub struct Row {
-    pub record_id: String,
+    pub key: RecordKey,
     pub ingest_time: DateTime<Utc>,
     pub event_time: Option<DateTime<Utc>>,
     pub level: Option<String>,
@@ -47,9 +47,100 @@ pub struct Row {
     pub peer_pid: Option<i32>,
     pub peer_uid: Option<i64>,
     pub peer_gid: Option<i64>,
-    pub record: JsonText,
-    pub payload: String,
+    /// A JSON record's text, as the app wrote it; `None` for a text record (its line is
+    /// `message`).
+    pub record: Option<JsonText>,
     pub origin: Origin,
+}
+
+impl Row {
+    /// The record as the app wrote it: a JSON record's text, a text record's line. What a dead
+    /// letter keeps of a row PostgreSQL or the write window refuses.
+    pub fn into_written(self) -> Vec<u8> {
+        match self.record {
+            Some(JsonText(text)) => text.into_bytes(),
+            None => self.message.unwrap_or_default().into_bytes(),
+        }
+    }
+}
+
+/// A record id (`<agent instance>-<sequence>`, see `crate::envelope`) as the key of `logs`:
+/// a uuid and a bigint, compared as bytes and 24 bytes wide, where the id as text cost
+/// PostgreSQL a collation-aware comparison of ~37 bytes per index step.
+///
+/// The id is split at its last `-`. The part after it is the sequence if it is `0` or a number
+/// without leading zeros of at most 18 digits (so it fits a bigint and no two spellings of one
+/// number exist). The part before it is the agent: an instance of exactly 32 lowercase hex
+/// digits (what sluice's agents write: a UUIDv7) is that uuid; any other instance is the first
+/// 16 bytes of its SHA-256. An id with no such sequence is hashed whole, with sequence -1. The
+/// mapping is one-to-one up to SHA-256 collisions, so redelivery stays harmless for any id, and
+/// migration V2 computes the same key in SQL for rows stored before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey {
+    /// The agent instance.
+    pub agent: AgentId,
+    /// The record's sequence number within it; -1 when the id has none.
+    pub seq: i64,
+}
+
+/// An agent instance as a uuid (`logs.agent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId(pub [u8; 16]);
+
+impl RecordKey {
+    /// The key of record id `id`.
+    pub fn of(id: &str) -> Self {
+        if let Some((instance, seq)) = id.rsplit_once('-')
+            && let Some(seq) = sequence(seq)
+        {
+            return Self { agent: AgentId::of(instance), seq };
+        }
+        Self { agent: AgentId::hashed(id), seq: -1 }
+    }
+}
+
+impl AgentId {
+    /// The uuid of agent instance `instance`.
+    pub fn of(instance: &str) -> Self {
+        let bytes = instance.as_bytes();
+        if bytes.len() == 32 && bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            let mut id = [0; 16];
+            for (i, pair) in bytes.chunks_exact(2).enumerate() {
+                id[i] = (hex_digit(pair[0]) << 4) | hex_digit(pair[1]);
+            }
+            return Self(id);
+        }
+        Self::hashed(instance)
+    }
+
+    fn hashed(text: &str) -> Self {
+        let digest = openssl::sha::sha256(text.as_bytes());
+        let mut id = [0; 16];
+        id.copy_from_slice(&digest[..16]);
+        Self(id)
+    }
+}
+
+/// `<agent uuid>/<seq>`, as `SELECT agent::text || '/' || seq` prints it.
+impl fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", uuid::Uuid::from_bytes(self.agent.0).hyphenated(), self.seq)
+    }
+}
+
+fn hex_digit(digit: u8) -> u8 {
+    match digit {
+        b'0'..=b'9' => digit - b'0',
+        _ => digit - b'a' + 10,
+    }
+}
+
+/// `text` as a sequence number: `0`, or 1 to 18 digits not starting with `0`.
+fn sequence(text: &str) -> Option<i64> {
+    let bytes = text.as_bytes();
+    let canonical = text == "0"
+        || (matches!(bytes.first(), Some(b'1'..=b'9')) && bytes.len() <= 18 && bytes.iter().all(u8::is_ascii_digit));
+    if canonical { text.parse().ok() } else { None }
 }
 
 /// A record's JSON text as the agent embedded it, stored into a `jsonb` column as it is:
@@ -223,11 +314,11 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
                 fields.first(MESSAGE_FIELDS).and_then(|value| value.as_str().map(str::to_owned)),
             )
         }
-        Format::Text => (None, None, Some(payload.to_string())),
+        Format::Text => (None, None, Some(payload.into_owned())),
     };
     let peer = envelope.peer.unwrap_or_default();
     Parsed::Row(Box::new(Row {
-        record_id: envelope.id.into_owned(),
+        key: RecordKey::of(&envelope.id),
         ingest_time: envelope.ingest_time,
         event_time,
         level,
@@ -243,8 +334,10 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         peer_pid: peer.pid,
         peer_uid: peer.uid.map(i64::from),
         peer_gid: peer.gid.map(i64::from),
-        record: JsonText(record.to_owned()),
-        payload: payload.into_owned(),
+        record: match envelope.format {
+            Format::Json => Some(JsonText(record.to_owned())),
+            Format::Text => None,
+        },
         origin,
     }))
 }

@@ -22,16 +22,24 @@ const DDL_LOCK: i64 = 0x736c_7569_6365;
 /// Creates the schema if missing and applies pending migrations. Runs on a connection whose
 /// `search_path` is the schema, so the migrations name no schema.
 pub async fn migrate(client: &mut Client, schema: &str) -> Result<(), PersistError> {
+    migrate_to(client, schema, None).await
+}
+
+/// [`migrate`], stopping after migration `version` (`None`: the latest). Tests build a database
+/// in an old layout with it.
+#[doc(hidden)]
+pub async fn migrate_to(client: &mut Client, schema: &str, version: Option<i32>) -> Result<(), PersistError> {
     client.execute("SELECT pg_advisory_lock($1)", &[&DDL_LOCK]).await.map_err(PersistError::Postgres)?;
     let result = async {
         client
             .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", quote_identifier(schema)))
             .await
             .map_err(PersistError::Postgres)?;
-        let report = embedded::migrations::runner()
-            .run_async(client)
-            .await
-            .map_err(|error| PersistError::Migration(error.to_string()))?;
+        let mut runner = embedded::migrations::runner();
+        if let Some(version) = version {
+            runner = runner.set_target(refinery::Target::Version(version));
+        }
+        let report = runner.run_async(client).await.map_err(|error| PersistError::Migration(error.to_string()))?;
         for migration in report.applied_migrations() {
             info!(version = migration.version(), name = migration.name(), "applied migration");
         }

@@ -25,13 +25,14 @@ use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 use tracing::{debug, warn};
 
 use super::PersistError;
-use super::row::{DeadLetter, JsonText, Row};
+use super::row::{AgentId, DeadLetter, JsonText, Row};
 use super::schema;
 use crate::config::PostgresConfig;
 
 /// Columns of `logs` in COPY order, with their types.
 const COLUMNS: &[(&str, Type)] = &[
-    ("record_id", Type::TEXT),
+    ("agent", Type::UUID),
+    ("seq", Type::INT8),
     ("ingest_time", Type::TIMESTAMPTZ),
     ("event_time", Type::TIMESTAMPTZ),
     ("level", Type::TEXT),
@@ -44,8 +45,7 @@ const COLUMNS: &[(&str, Type)] = &[
     ("peer_pid", Type::INT4),
     ("peer_uid", Type::INT8),
     ("peer_gid", Type::INT8),
-    ("record", Type::JSONB),
-    ("payload", Type::TEXT),
+    ("record", Type::JSON),
     ("kafka_topic", Type::TEXT),
     ("kafka_partition", Type::INT4),
     ("kafka_offset", Type::INT8),
@@ -74,6 +74,17 @@ impl ToSql for JsonText {
     }
 
     accepts!(JSON, JSONB);
+    to_sql_checked!();
+}
+
+/// `uuid`'s binary form is its 16 bytes.
+impl ToSql for AgentId {
+    fn to_sql(&self, _: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.put_slice(&self.0);
+        Ok(IsNull::No)
+    }
+
+    accepts!(UUID);
     to_sql_checked!();
 }
 
@@ -234,7 +245,8 @@ impl Writer {
             copy.put_slice(COPY_HEADER);
             for row in rows {
                 let values: [&(dyn ToSql + Sync); 18] = [
-                    &row.record_id,
+                    &row.key.agent,
+                    &row.key.seq,
                     &row.ingest_time,
                     &row.event_time,
                     &row.level,
@@ -248,7 +260,6 @@ impl Writer {
                     &row.peer_uid,
                     &row.peer_gid,
                     &row.record,
-                    &row.payload,
                     &row.origin.topic,
                     &row.origin.partition,
                     &row.origin.offset,

@@ -22,7 +22,7 @@ fn outage() -> Duration {
 
 /// The numbers of run `tag` stored in `logs`, with repeats.
 async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
-    let rows = db.query("SELECT payload FROM logs", &[]).await.expect("payloads");
+    let rows = db.query("SELECT coalesce(record::text, message) FROM logs", &[]).await.expect("payloads");
     let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
     numbers_in(tag, &payloads)
 }
@@ -474,7 +474,7 @@ async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() 
     assert_eq!(letter.get::<_, String>(0), "contains_nul");
     assert_eq!(letter.get::<_, i64>(1), 1);
     let payloads: Vec<String> = db
-        .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
+        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
         .await
         .expect("rows")
         .iter()
@@ -498,7 +498,7 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
     assert!(letter.get::<_, String>(1).contains("no_boom"), "{}", letter.get::<_, String>(1));
     assert_eq!(letter.get::<_, Vec<u8>>(2), b"boom");
     let payloads: Vec<String> = db
-        .query("SELECT payload FROM logs ORDER BY kafka_offset", &[])
+        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
         .await
         .expect("rows")
         .iter()

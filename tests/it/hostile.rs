@@ -51,7 +51,7 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("invalid_utf8")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 3.0);
     let payloads: Vec<String> = db
-        .query("SELECT payload FROM logs ORDER BY payload", &[])
+        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY 1", &[])
         .await
         .expect("rows")
         .iter()
@@ -267,12 +267,17 @@ async fn throttle_slows_only_the_connection_over_its_rate() {
     // ...while a neighbour's records go straight through.
     send_lines(&config.socket(), &[b"neighbour a".to_vec(), b"neighbour b".to_vec()]).await;
     until("the neighbour's records", || async {
-        let rows =
-            db.query("SELECT 1 FROM logs WHERE payload LIKE 'neighbour%'", &[]).await.map_err(|e| e.to_string())?;
+        let rows = db
+            .query("SELECT 1 FROM logs WHERE coalesce(record::text, message) LIKE 'neighbour%'", &[])
+            .await
+            .map_err(|e| e.to_string())?;
         if rows.len() == 2 { Ok(()) } else { Err(format!("{} of them", rows.len())) }
     })
     .await;
-    let flooded = db.query_one("SELECT count(*) FROM logs WHERE payload LIKE 'flood%'", &[]).await.expect("count");
+    let flooded = db
+        .query_one("SELECT count(*) FROM logs WHERE coalesce(record::text, message) LIKE 'flood%'", &[])
+        .await
+        .expect("count");
     assert!(flooded.get::<_, i64>(0) < 200, "the flood is still being throttled when the neighbour is done");
 
     within(WAIT, "the flood", flooding).await.expect("flood task");

@@ -2,11 +2,13 @@
 //! letter or a counted loss, and the partition always moves on — nothing is retried unchanged
 //! forever. Messages are produced to the topic directly, as a misbehaving producer would.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{Days, Utc};
 
 use crate::support::*;
+use sluice::persist::row::RecordKey;
 use sluice::telemetry;
 
 /// A persister on a fresh one-partition topic (started, ready) and a client on its schema.
@@ -34,9 +36,15 @@ async fn dead_letters(db: &tokio_postgres::Client) -> Vec<(i64, String, String)>
         .unwrap_or_default()
 }
 
-async fn stored_ids(db: &tokio_postgres::Client) -> Vec<String> {
-    let rows = db.query("SELECT record_id FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
+/// The key of each stored row, in offset order, as [`keys`] spells them.
+async fn stored_keys(db: &tokio_postgres::Client) -> Vec<String> {
+    let rows = db.query("SELECT agent::text || '/' || seq FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
     rows.iter().map(|row| row.get(0)).collect()
+}
+
+/// The keys of `ids` in `logs` (see `RecordKey`).
+fn keys(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| RecordKey::of(id).to_string()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +67,7 @@ async fn a_poison_envelope_whose_error_echoes_a_nul_becomes_a_dead_letter_and_th
     assert_eq!((*offset, reason.as_str()), (1, "malformed_envelope"));
     assert!(error.contains("\\u0000"), "the NUL is shown escaped: {error}");
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["a-1", "a-3"]);
+    assert_eq!(stored_keys(&db).await, keys(&["a-1", "a-3"]));
     let metrics = scrape(setup.config.persist_admin()).await;
     assert_eq!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]), 0.0, "nothing was retried");
 }
@@ -77,7 +85,7 @@ async fn a_dead_letter_postgres_refuses_is_counted_as_lost_and_the_partition_mov
     produce_to(&setup, &messages).await;
 
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["b-1", "b-3"]);
+    assert_eq!(stored_keys(&db).await, keys(&["b-1", "b-3"]));
     assert!(dead_letters(&db).await.is_empty());
     let metrics = scrape(setup.config.persist_admin()).await;
     assert_eq!(metrics.count(telemetry::PERSIST_LOST, &[("reason", "dead_letter_rejected")]), 1.0);
@@ -95,7 +103,7 @@ async fn an_ingest_time_far_in_the_future_is_a_dead_letter_and_creates_no_partit
     produce_to(&setup, &messages).await;
 
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["c-1", "c-3"]);
+    assert_eq!(stored_keys(&db).await, keys(&["c-1", "c-3"]));
     let letters = dead_letters(&db).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!((letters[0].0, letters[0].1.as_str()), (1, "ingest_time_in_future"));
@@ -108,7 +116,7 @@ async fn an_ingest_time_far_in_the_future_is_a_dead_letter_and_creates_no_partit
     // The session is usable afterwards: a later record is stored.
     produce_to(&setup, &[envelope("c-4", &now_rfc3339(), "{}")]).await;
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["c-1", "c-3", "c-4"]);
+    assert_eq!(stored_keys(&db).await, keys(&["c-1", "c-3", "c-4"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +137,7 @@ async fn a_partition_ddl_error_does_not_leave_the_session_in_an_aborted_transact
         vec![envelope("d-1", &now, "{}"), envelope("d-2", &tomorrow_time, "{}"), envelope("d-3", &now, "{}")];
     produce_to(&setup, &messages).await;
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["d-1", "d-2", "d-3"], "the DBA's partition holds d-2");
+    assert_eq!(stored_keys(&db).await, keys(&["d-1", "d-2", "d-3"]), "the DBA's partition holds d-2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +149,7 @@ async fn a_record_older_than_retention_is_a_dead_letter_named_expired_not_a_row_
     produce_to(&setup, &messages).await;
 
     until_caught_up(&setup.config).await;
-    assert_eq!(stored_ids(&db).await, vec!["e-1", "e-3"]);
+    assert_eq!(stored_keys(&db).await, keys(&["e-1", "e-3"]));
     let letters = dead_letters(&db).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!((letters[0].0, letters[0].1.as_str()), (1, "expired"));
@@ -166,7 +174,7 @@ async fn a_batch_with_several_rows_postgres_rejects_is_split_until_each_is_isola
     produce_to(&setup, &messages).await;
 
     within(Duration::from_secs(120), "caught up", until_caught_up(&setup.config)).await;
-    assert_eq!(stored_ids(&db).await.len(), 996);
+    assert_eq!(stored_keys(&db).await.len(), 996);
     let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
     assert_eq!(offsets, vec![17, 500, 501, 998]);
     let rejected = [("reason", "rejected_by_postgres")];
@@ -231,7 +239,7 @@ async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() 
     produce_to(&setup, &messages).await;
 
     within(Duration::from_secs(120), "caught up", until_caught_up(&setup.config)).await;
-    assert_eq!(stored_ids(&db).await.len(), 198);
+    assert_eq!(stored_keys(&db).await.len(), 198);
     let offsets: Vec<i64> = dead_letters(&db).await.iter().map(|(offset, ..)| *offset).collect();
     assert_eq!(offsets, vec![17, 190]);
     let metrics = until_metric(
@@ -263,9 +271,78 @@ async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
     let status = persister.wait(Duration::from_secs(40)).await;
     let took = started.elapsed();
     let db = setup.db().await;
-    assert_eq!(stored_ids(&db).await, vec!["i-1"], "the batch in hand was written in the drain");
+    assert_eq!(stored_keys(&db).await, keys(&["i-1"]), "the batch in hand was written in the drain");
     // drain_timeout (2 s) + the final commit's and close's bound + the runtime's shutdown bound.
     assert!(took < Duration::from_secs(15), "shutdown took {took:?}; log:\n{}", persister.log_text());
     assert!(status.success(), "{status:?}; log:\n{}", persister.log_text());
     assert!(persister.log_text().contains("not committed"), "what was not committed is logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_redelivered_stays_one_row() {
+    let setup = topic().build().await;
+    let mut db = setup.db().await;
+    let schema = setup.config.schema();
+    sluice::persist::schema::migrate_to(&mut db, &schema, Some(1)).await.expect("the V1 layout");
+    let day = Utc::now().date_naive();
+    sluice::persist::schema::ensure_partitions(&db, &[day]).await.expect("today's partition");
+    // Rows as a V1 persister stored them: the record twice, the id as text.
+    let now = now_rfc3339();
+    let agent = "0192f0a1b2c3d4e5f60718293a4b5c6d";
+    let json_record = r#"{"n": 1,  "m":"old"}"#;
+    db.execute(
+        "INSERT INTO logs (record_id, ingest_time, format, record, payload, message, kafka_topic, kafka_partition, kafka_offset) \
+         VALUES ($1, $3::text::timestamptz, 'json', $2::text::jsonb, $2, NULL, 'old', 0, 100), \
+                ('r0-5', now(), 'text', '{\"message\":\"an old line\"}', 'an old line', 'an old line', 'old', 0, 101), \
+                ('legacy', now(), 'text', '{\"message\":\"no sequence\"}', 'no sequence', 'no sequence', 'old', 0, 102)",
+        &[&format!("{agent}-7"), &json_record, &now],
+    )
+    .await
+    .expect("V1 rows");
+
+    let _persister = setup.persister().await;
+    // The agent's record 7 again (a redelivery across the upgrade: the same envelope, so the
+    // same ingest time), then its record 8.
+    produce_to(
+        &setup,
+        &[envelope(&format!("{agent}-7"), &now, json_record), envelope(&format!("{agent}-8"), &now, "{}")],
+    )
+    .await;
+    until_caught_up(&setup.config).await;
+
+    let rows = db
+        .query("SELECT agent::text || '/' || seq, coalesce(record::text, message), format FROM logs", &[])
+        .await
+        .expect("rows");
+    let mut rows: Vec<(String, String, String)> = rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+    rows.sort();
+    let row =
+        |id: &str, written: &str, format: &str| (RecordKey::of(id).to_string(), written.to_string(), format.into());
+    assert_eq!(
+        rows,
+        BTreeSet::from([
+            row(&format!("{agent}-8"), "{}", "json"),
+            row(&format!("{agent}-7"), json_record, "json"),
+            row("r0-5", "an old line", "text"),
+            row("legacy", "no sequence", "text"),
+        ])
+        .into_iter()
+        .collect::<Vec<_>>(),
+        "old rows keep their records as written, under the key the persister computes"
+    );
+    let metrics = scrape(setup.config.persist_admin()).await;
+    assert_eq!(metrics.count(telemetry::PERSIST_DUPLICATES, &[]), 1.0, "record 7 was stored before the upgrade");
+    let columns: Vec<String> = db
+        .query(
+            "SELECT attname || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = 'logs'::regclass AND attnum > 0 AND NOT attisdropped \
+             AND attname IN ('agent', 'seq', 'record', 'payload', 'record_id') ORDER BY attname",
+            &[],
+        )
+        .await
+        .expect("columns")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(columns, ["agent uuid", "record json", "seq bigint"]);
 }

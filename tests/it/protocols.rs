@@ -39,7 +39,7 @@ async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
     datagram.send_to(b"with a newline\n", &sockets[1]).expect("send");
 
     until_rows(db, 5).await;
-    let mut payloads = strings(db, "SELECT payload FROM logs").await;
+    let mut payloads = strings(db, "SELECT coalesce(record::text, message) FROM logs").await;
     payloads.sort();
     let mut expected = vec![
         "a line".to_string(),
@@ -51,7 +51,11 @@ async fn lines_octet_counted_and_datagram_listeners_run_side_by_side() {
     expected.sort();
     assert_eq!(payloads, expected, "a stack trace survives as one record");
     assert_eq!(strings(db, "SELECT level FROM logs WHERE message = 'one datagram'").await, ["warn"]);
-    let peers = strings(db, "SELECT coalesce(peer_uid::text, 'none') FROM logs WHERE payload = 'with a newline'").await;
+    let peers = strings(
+        db,
+        "SELECT coalesce(peer_uid::text, 'none') FROM logs WHERE coalesce(record::text, message) = 'with a newline'",
+    )
+    .await;
     assert_eq!(peers, ["none"], "datagrams carry no peer credentials");
 
     let metrics = scrape(config.agent_admin()).await;

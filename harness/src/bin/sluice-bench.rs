@@ -52,6 +52,23 @@ enum Command {
         #[arg(default_value_t = 10)]
         slow: u64,
     },
+    /// The persister alone, for a before/after of one change: fills a topic (or reuses one),
+    /// drains it REPEAT times into fresh schemas with `SLUICE_BENCH_BINARY`; rows/s, CPU,
+    /// bytes per row.
+    Persist {
+        /// Records in the topic.
+        #[arg(default_value_t = 500_000)]
+        records: u64,
+        /// Drain this topic (holding exactly RECORDS envelopes) instead of filling a new one.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Records of `bench/sample.jsonl` instead of 256 B ones.
+        #[arg(long)]
+        sample: bool,
+        /// Runs.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+    },
     /// scripts/bench-pod: one sidecar's cost — CPU, wake-ups, RSS — idle, at 1k and 10k records/s.
     Pod {
         /// Seconds per phase.
@@ -80,6 +97,9 @@ async fn main() -> ExitCode {
         }
         Command::Spool { records, outage, rate } => {
             spool::run(&spool::Settings { records, outage, rate }, &root, &services).await.map_err(anyhow::Error::from)
+        }
+        Command::Persist { records, topic, sample, repeat } => {
+            persist_alone(records, topic, sample, repeat, &root, services).await
         }
         Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
@@ -114,6 +134,30 @@ async fn bench(
     #[expect(clippy::print_stdout, reason = "the summary is the command's output")]
     {
         print!("{summary}");
+    }
+    Ok(())
+}
+
+/// `sluice-bench persist`: see [`Command::Persist`].
+async fn persist_alone(
+    records: u64,
+    topic: Option<String>,
+    sample: bool,
+    repeat: u32,
+    root: &std::path::Path,
+    services: sluice_harness::Services,
+) -> anyhow::Result<()> {
+    let (shape, label) = if sample {
+        (sluice_harness::bench::Shape::sample(&root.join("bench/sample.jsonl"))?, "sample")
+    } else {
+        (sluice_harness::bench::Shape::Padded(256), "256 B")
+    };
+    let bench = run::Bench::new(run::Settings::new(true, &[], Vec::new()), root, services).await?;
+    let outcome = bench.persister_alone(records, topic, &shape, label, repeat).await;
+    bench.cleanup().await;
+    #[expect(clippy::print_stdout, reason = "the figures are the command's output")]
+    {
+        print!("{}", outcome?);
     }
     Ok(())
 }

@@ -41,6 +41,47 @@ impl Bench {
         Ok(ceiling)
     }
 
+    /// `sluice-bench persist`: the persister alone, `repeat` times, each into a fresh schema,
+    /// draining `topic` (`records` envelopes of `shape`; filled first by the shipping ceiling's
+    /// producer when `topic` is `None`). For a before/after of one change, run it once per
+    /// binary (`SLUICE_BENCH_BINARY`) on the same topic. Returns a line per run.
+    pub async fn persister_alone(
+        &self,
+        records: u64,
+        topic: Option<String>,
+        shape: &Shape,
+        shape_label: &str,
+        repeat: u32,
+    ) -> Result<String, RunError> {
+        let topic = match topic {
+            Some(topic) => topic,
+            None => {
+                let topic = format!("bench-persist-{}-{}", self.stamp, random());
+                let config = self.agent_config(&topic, "memory");
+                let config = sluice::config::Config::load(&config.write())?;
+                let (name, shape) = (topic.clone(), shape.clone());
+                blocking(move || kafka::producer_ceiling(&config, &name, records, &shape)).await?;
+                topic
+            }
+        };
+        let record_bytes = match shape {
+            Shape::Padded(size) => *size as f64 - 1.0,
+            Shape::Sample(lines) => lines.iter().map(Vec::len).sum::<usize>() as f64 / lines.len().max(1) as f64,
+        };
+        let mut out = format!("topic {topic}: {records} records of {shape_label}\n");
+        for _ in 0..repeat {
+            let run = self.persist(&topic, records, shape_label, record_bytes).await?;
+            out.push_str(&format!(
+                "{:.0} rows/s, {:.3} cores per 10k rows/s, peak RSS {:.1} MiB, {:.0} bytes per row\n",
+                run.rows_per_second,
+                run.persister_cpu_cores_per_10k_rows_per_second,
+                run.persister_peak_rss_mib,
+                run.bytes_per_row
+            ));
+        }
+        Ok(out)
+    }
+
     /// Sluice at max rate: a fresh agent on `topic`, `records` records of `shape`; delivered
     /// rate (until every record is settled), agent CPU and RSS (idle, steady = median of 0.2 s
     /// samples, peak), ingest → ack latency, counts.
