@@ -5,7 +5,10 @@
 --   * `record` is `json`, the exact text of a JSON record (NULL for a text record, whose line is
 --     `message`), and `payload` is gone: the record as written is `coalesce(record::text, message)`;
 --   * the time index is BRIN: rows arrive in ingest_time order, so a few pages per range answer
---     "what happened between t1 and t2" at a fraction of a btree's size.
+--     "what happened between t1 and t2" at a fraction of a btree's size;
+--   * the pod index is (pod_namespace, pod_name) without ingest_time: a pod's rows share one key,
+--     which btree deduplication stores once per posting list (7 B per row instead of 59 B, measured
+--     on 100,000 rows of one pod). "Pod X between t1 and t2" is a BitmapAnd of both indexes.
 -- Runs in place, in one transaction. It rewrites every stored row (an UPDATE, then the type
 -- change): plan for the time and for the table's size twice over on a large database. Rows
 -- stored before keep the dropped columns' bytes until their partition is dropped by retention
@@ -45,3 +48,6 @@ $$;
 
 DROP INDEX logs_ingest_time;
 CREATE INDEX logs_ingest_time ON logs USING brin (ingest_time);
+
+DROP INDEX logs_pod_time;
+CREATE INDEX logs_pod ON logs (pod_namespace, pod_name);

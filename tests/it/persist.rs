@@ -345,4 +345,22 @@ async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_rede
         .map(|row| row.get(0))
         .collect();
     assert_eq!(columns, ["agent uuid", "record json", "seq bigint"]);
+    let indexes: Vec<String> = db
+        .query(
+            "SELECT indexname || ' ' || substring(indexdef FROM 'USING (.*)$') FROM pg_indexes              WHERE schemaname = current_schema() AND tablename = 'logs' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("indexes")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "logs_ingest_time brin (ingest_time)",
+            "logs_pkey btree (agent, seq, ingest_time)",
+            "logs_pod btree (pod_namespace, pod_name)"
+        ]
+    );
 }
