@@ -9,45 +9,80 @@
 --   * the pod index is (pod_namespace, pod_name) without ingest_time: a pod's rows share one key,
 --     which btree deduplication stores once per posting list (7 B per row instead of 59 B, measured
 --     on 100,000 rows of one pod). "Pod X between t1 and t2" is a BitmapAnd of both indexes.
--- Runs in place, in one transaction. It rewrites every stored row (an UPDATE, then the type
--- change): plan for the time and for the table's size twice over on a large database. Rows
--- stored before keep the dropped columns' bytes until their partition is dropped by retention
--- (or rewritten by VACUUM FULL).
+-- Runs in place, in one transaction holding an ACCESS EXCLUSIVE lock on `logs` (readers wait):
+-- the old indexes are dropped first, every stored row is rewritten once (one ALTER TABLE
+-- computing every new column from the old ones, the dropped columns' bytes left behind), then
+-- the key and the indexes are built once. Plan for the time and for about the table's size
+-- again while it runs (the rows it rewrote hold no dropped column's bytes). It fails, changing nothing, on a database where other objects use the
+-- columns it changes (a view on `logs`, a jsonb-only index on `record` such as
+-- `jsonb_path_ops`, a generated column): drop them, upgrade, create them again for `json`.
 
-ALTER TABLE logs ADD COLUMN agent uuid, ADD COLUMN seq bigint;
+-- A role's or database's timeouts must not cancel it halfway, every start again.
+SET LOCAL statement_timeout = 0;
+SET LOCAL lock_timeout = 0;
 
-UPDATE logs SET
-    seq = CASE
+-- The hashed agent of an instance (or of a whole id) that is not an agent's own uuid: the first
+-- 16 bytes of its SHA-256, variant bits 111 (AgentId::hashed).
+CREATE FUNCTION pg_temp.hashed_agent(text) RETURNS uuid LANGUAGE sql IMMUTABLE AS $$
+    SELECT encode(set_byte(digest, 8, (get_byte(digest, 8) & 31) | 224), 'hex')::uuid
+    FROM substring(sha256(convert_to($1, 'UTF8')) FROM 1 FOR 16) AS digest
+$$;
+
+DROP INDEX logs_ingest_time;
+DROP INDEX logs_pod_time;
+ALTER TABLE logs DROP CONSTRAINT logs_pkey;
+ALTER TABLE logs
+    ADD COLUMN agent uuid,
+    ADD COLUMN seq bigint,
+    ALTER COLUMN record DROP NOT NULL,
+    ALTER COLUMN payload DROP NOT NULL,
+    ALTER COLUMN record_id DROP NOT NULL;
+
+-- The one rewrite: each USING reads the row as it was. A text record's line is its payload (V1
+-- wrote the same text to message).
+ALTER TABLE logs
+    ALTER COLUMN seq TYPE bigint USING CASE
         WHEN record_id ~ '-(0|[1-9][0-9]{0,17})$' THEN substring(record_id FROM '-([0-9]+)$')::bigint
         ELSE -1
     END,
-    agent = CASE
-        WHEN record_id ~ '^[0-9a-f]{32}-(0|[1-9][0-9]{0,17})$' THEN substring(record_id FROM 1 FOR 32)::uuid
-        WHEN record_id ~ '-(0|[1-9][0-9]{0,17})$' THEN encode(substring(sha256(convert_to(
-            substring(record_id FROM '^(.*)-[0-9]+$'), 'UTF8')) FROM 1 FOR 16), 'hex')::uuid
-        ELSE encode(substring(sha256(convert_to(record_id, 'UTF8')) FROM 1 FOR 16), 'hex')::uuid
-    END;
+    ALTER COLUMN agent TYPE uuid USING CASE
+        WHEN record_id ~ '^[0-9a-f]{16}[89ab][0-9a-f]{15}-(0|[1-9][0-9]{0,17})$'
+            THEN substring(record_id FROM 1 FOR 32)::uuid
+        WHEN record_id ~ '-(0|[1-9][0-9]{0,17})$'
+            THEN pg_temp.hashed_agent(substring(record_id FROM '^(.*)-[0-9]+$'))
+        ELSE pg_temp.hashed_agent(record_id)
+    END,
+    ALTER COLUMN message TYPE text USING CASE WHEN format = 'json' THEN message ELSE payload END,
+    ALTER COLUMN record TYPE json USING CASE WHEN format = 'json' THEN payload::json END,
+    ALTER COLUMN payload TYPE text USING NULL,
+    ALTER COLUMN record_id TYPE text USING NULL;
 
-ALTER TABLE logs DROP CONSTRAINT logs_pkey;
-ALTER TABLE logs ALTER COLUMN agent SET NOT NULL, ALTER COLUMN seq SET NOT NULL;
+ALTER TABLE logs
+    DROP COLUMN record_id,
+    DROP COLUMN payload,
+    ALTER COLUMN agent SET NOT NULL,
+    ALTER COLUMN seq SET NOT NULL;
 ALTER TABLE logs ADD PRIMARY KEY (agent, seq, ingest_time);
-ALTER TABLE logs DROP COLUMN record_id;
+CREATE INDEX logs_ingest_time ON logs USING brin (ingest_time);
+CREATE INDEX logs_pod ON logs (pod_namespace, pod_name);
 
-ALTER TABLE logs ALTER COLUMN record DROP NOT NULL;
-ALTER TABLE logs ALTER COLUMN record TYPE json USING CASE WHEN format = 'json' THEN payload::json END;
-ALTER TABLE logs DROP COLUMN payload;
--- Records longer than ~2 KB are compressed; lz4 costs a fraction of pglz's CPU. A server
--- built without lz4 keeps its default.
+-- Records longer than ~2 KB are compressed; lz4 costs a fraction of pglz's CPU. Set on `logs`
+-- (partitions created later take it) and on every partition (SET COMPRESSION does not recurse,
+-- and the partitions ahead are where rows go next). After the rewrite: a type change resets a
+-- column's compression, so the rows it rewrote keep pglz. A server before PostgreSQL 14, or
+-- built without lz4, keeps its default.
 DO $$
+DECLARE
+    part regclass;
 BEGIN
-    ALTER TABLE logs ALTER COLUMN record SET COMPRESSION lz4, ALTER COLUMN message SET COMPRESSION lz4;
+    IF current_setting('server_version_num')::int < 140000 THEN
+        RAISE NOTICE 'PostgreSQL before 14 has no lz4 compression; record and message keep the default';
+        RETURN;
+    END IF;
+    FOR part IN SELECT relid FROM pg_partition_tree('logs'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN record SET COMPRESSION lz4, ALTER COLUMN message SET COMPRESSION lz4', part);
+    END LOOP;
 EXCEPTION WHEN feature_not_supported THEN
     RAISE NOTICE 'lz4 is not supported by this server; record and message keep the default compression';
 END
 $$;
-
-DROP INDEX logs_ingest_time;
-CREATE INDEX logs_ingest_time ON logs USING brin (ingest_time);
-
-DROP INDEX logs_pod_time;
-CREATE INDEX logs_pod ON logs (pod_namespace, pod_name);

@@ -8,11 +8,13 @@
 //!   `EnvelopeWriter` makes of it is parsed.
 //!
 //! Every message ends as exactly one of: a row whose every text column PostgreSQL can store (valid
-//! UTF-8 without U+0000, the `jsonb` record without an escaped U+0000 either) and that says what
+//! UTF-8 without U+0000, the `json` record without an escaped U+0000 or an unpaired surrogate
+//! escape either) and that says what
 //! the envelope says; or a dead letter with a documented reason, storable error text and the
 //! message kept byte for byte. A row the window refuses becomes a dead letter the same way. Every
 //! line the agent accepts becomes a row holding that line exactly, unless it holds an escaped
-//! U+0000 (then a `contains_nul` dead letter). Memory stays in proportion to the message.
+//! U+0000 (then a `contains_nul` dead letter) or an unpaired surrogate escape (then an
+//! `unpaired_surrogate` one). Memory stays in proportion to the message.
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
@@ -96,6 +98,10 @@ pub fn line(bytes: &[u8]) {
     match message(&envelope) {
         Parsed::Row(row) => {
             assert!(!row.record.as_ref().is_some_and(|record| escapes_nul(&record.0)), "a row with an escaped NUL");
+            assert!(
+                !row.record.as_ref().is_some_and(|record| escapes_unpaired_surrogate(&record.0)),
+                "a row with an unpaired surrogate escape"
+            );
             assert_eq!(row.key, RecordKey::of(&format!("{}-0", writer.instance())));
             assert_eq!(row.key.seq, 0, "an agent's id is its instance uuid and sequence");
             assert_eq!(row.clone().into_written(), line.as_bytes(), "the row does not hold the line the agent read");
@@ -104,6 +110,9 @@ pub fn line(bytes: &[u8]) {
             assert_eq!((row.peer_pid, row.peer_uid, row.peer_gid), (Some(7), Some(1000), Some(2000)));
             let format = if sluice::envelope::is_json_object(line) { "json" } else { "text" };
             assert_eq!(row.format, format);
+        }
+        Parsed::Dead(letter) if letter.reason == DeadLetterReason::UnpairedSurrogate => {
+            assert!(escapes_unpaired_surrogate(line), "an unpaired_surrogate dead letter for {line:?}");
         }
         Parsed::Dead(letter) => {
             assert_eq!(
@@ -151,6 +160,7 @@ fn check_row(row: &Row, value: &[u8]) {
     }
     if let Some(record) = &row.record {
         assert!(!escapes_nul(&record.0), "a record with an escaped NUL: {:?}", record.0);
+        assert!(!escapes_unpaired_surrogate(&record.0), "a record with an unpaired surrogate: {:?}", record.0);
     }
     assert_eq!(row.origin, origin());
     if let Some(level) = &row.level {
@@ -243,6 +253,55 @@ fn numeric_time_is_its_number(time: DateTime<Utc>, number: f64) {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     needle.is_empty() || haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+/// True if a string in JSON text `json` holds `\u` escapes whose UTF-16 code units do not
+/// decode (a surrogate without its other half): told by `char::decode_utf16`, not by the
+/// persister's own scan.
+pub fn escapes_unpaired_surrogate(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut units: Vec<u16> = Vec::new();
+    let (mut in_string, mut at) = (false, 0);
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if !in_string {
+            if byte == b'"' {
+                in_string = true;
+                units.clear();
+            }
+            at += 1;
+            continue;
+        }
+        match byte {
+            b'"' => {
+                if char::decode_utf16(units.iter().copied()).any(|unit| unit.is_err()) {
+                    return true;
+                }
+                in_string = false;
+                at += 1;
+            }
+            b'\\' => {
+                let escaped = bytes.get(at + 2..at + 6).and_then(|hex| std::str::from_utf8(hex).ok());
+                match escaped.and_then(|hex| u16::from_str_radix(hex, 16).ok()) {
+                    Some(unit) if bytes.get(at + 1) == Some(&b'u') => {
+                        units.push(unit);
+                        at += 6;
+                    }
+                    // Any other escape is one ordinary character.
+                    _ => {
+                        units.push(u16::from(b'a'));
+                        at += 2;
+                    }
+                }
+            }
+            // Raw text is valid UTF-8: an ordinary character stands in for each byte.
+            _ => {
+                units.push(u16::from(b'a'));
+                at += 1;
+            }
+        }
+    }
+    false
 }
 
 /// True if JSON text `json` has the escape `\u0000` inside a string, read one byte at a time

@@ -71,10 +71,13 @@ impl Row {
 /// The id is split at its last `-`. The part after it is the sequence if it is `0` or a number
 /// without leading zeros of at most 18 digits (so it fits a bigint and no two spellings of one
 /// number exist). The part before it is the agent: an instance of exactly 32 lowercase hex
-/// digits (what sluice's agents write: a UUIDv7) is that uuid; any other instance is the first
-/// 16 bytes of its SHA-256. An id with no such sequence is hashed whole, with sequence -1. The
-/// mapping is one-to-one up to SHA-256 collisions, so redelivery stays harmless for any id, and
-/// migration V2 computes the same key in SQL for rows stored before it.
+/// digits with the RFC 4122 variant (`[89ab]` as its 17th digit: what sluice's agents write,
+/// a UUIDv7) is that uuid; any other instance is the first 16 bytes of its SHA-256 with the
+/// variant bits set to `111` (the reserved variant), so a hashed agent never equals an agent's
+/// own uuid, whatever hex a producer writes. An id with no such sequence is hashed whole, with
+/// sequence -1 (which no sequence is). Two ids meet only if SHA-256 collides in 125 bits:
+/// redelivery stays harmless for any id, and migration V2 computes the same key in SQL for
+/// rows stored before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordKey {
     /// The agent instance.
@@ -103,7 +106,10 @@ impl AgentId {
     /// The uuid of agent instance `instance`.
     pub fn of(instance: &str) -> Self {
         let bytes = instance.as_bytes();
-        if bytes.len() == 32 && bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if bytes.len() == 32
+            && bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && matches!(bytes[16], b'8' | b'9' | b'a' | b'b')
+        {
             let mut id = [0; 16];
             for (i, pair) in bytes.chunks_exact(2).enumerate() {
                 id[i] = (hex_digit(pair[0]) << 4) | hex_digit(pair[1]);
@@ -117,6 +123,8 @@ impl AgentId {
         let digest = openssl::sha::sha256(text.as_bytes());
         let mut id = [0; 16];
         id.copy_from_slice(&digest[..16]);
+        // The reserved variant: disjoint from the RFC 4122 uuids taken as they are.
+        id[8] = (id[8] & 0x1f) | 0xe0;
         Self(id)
     }
 }
@@ -143,10 +151,12 @@ fn sequence(text: &str) -> Option<i64> {
     if canonical { text.parse().ok() } else { None }
 }
 
-/// A record's JSON text as the agent embedded it, stored into a `jsonb` column as it is:
-/// PostgreSQL parses it once, and the persister does not build a tree only to print it again
-/// (numbers keep every digit, too). The agent checked its syntax; PostgreSQL's own refusals go
-/// through the batch's rejected-row isolation.
+/// A record's JSON text as the agent embedded it, stored into the `json` column as it is (the
+/// record as written: spacing, key order, repeated keys and every digit kept): the persister
+/// does not build a tree only to print it again. The agent checked its syntax; what `json`
+/// would take but its functions refuse (`\u0000`, unpaired surrogates) is a dead letter
+/// before it gets there, and PostgreSQL's own refusals go through the batch's rejected-row
+/// isolation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JsonText(pub String);
 
@@ -279,15 +289,28 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         Err(error) => return dead(origin, error.reason(), error.to_string(), Some(bytes)),
     };
     let record = envelope.record.get();
-    // PostgreSQL's text and jsonb cannot hold U+0000; such a record is kept as bytes instead.
-    // The substring test is a cheap filter; the scan decides.
-    if payload.contains('\0') || (record.contains("u0000") && contains_nul(record)) {
-        return dead(
-            origin,
-            DeadLetterReason::ContainsNul,
-            "record contains U+0000, which PostgreSQL text cannot store".into(),
-            Some(bytes),
-        );
+    // PostgreSQL's text cannot hold U+0000, and `json` holds an unpaired surrogate escape only
+    // to fail every query that reads it: such a record is kept as bytes instead.
+    let unstorable =
+        if payload.contains('\0') { Some(DeadLetterReason::ContainsNul) } else { unstorable_escape(record) };
+    match unstorable {
+        Some(DeadLetterReason::ContainsNul) => {
+            return dead(
+                origin,
+                DeadLetterReason::ContainsNul,
+                "record contains U+0000, which PostgreSQL text cannot store".into(),
+                Some(bytes),
+            );
+        }
+        Some(reason) => {
+            return dead(
+                origin,
+                reason,
+                "record contains a \\u escape of an unpaired UTF-16 surrogate (U+D800 to U+DFFF), which PostgreSQL's JSON functions refuse".into(),
+                Some(bytes),
+            );
+        }
+        None => {}
     }
     let pod = &envelope.pod;
     if [Some(&envelope.id), pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
@@ -346,22 +369,42 @@ fn dead(origin: Origin, reason: DeadLetterReason, error: String, payload: Option
     Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
 }
 
-/// True if JSON text `record` holds the escape `\u0000`, which `jsonb` refuses and which
-/// derived text columns would carry. A byte scan, not a tree: it judges a record nested deeper
-/// than serde_json builds (whose derived fields are read all the same), and builds nothing. In
-/// JSON text a backslash only ever starts an escape inside a string, so each is checked and
-/// skipped with the character it escapes (`\\u0000` is a backslash and text).
-fn contains_nul(record: &str) -> bool {
+/// Whether JSON text `record` holds an escape PostgreSQL cannot take: `\u0000` (text refuses
+/// U+0000, and derived text columns would carry it; `json` stores it, but `->>` fails on it) or
+/// an unpaired surrogate (`\uD800`–`\uDBFF` not followed by `\uDC00`–`\uDFFF`, or the latter
+/// alone: `json` stores it, then every JSON function reaching the row fails). A byte scan, not a
+/// tree: it judges a record nested deeper than serde_json builds (whose derived fields are read
+/// all the same), and builds nothing. In JSON text a backslash only ever starts an escape inside
+/// a string, so each is checked and skipped with what it escapes (`\\u0000` is a backslash
+/// and text).
+fn unstorable_escape(record: &str) -> Option<DeadLetterReason> {
     let bytes = record.as_bytes();
     let mut at = 0;
     while let Some(found) = bytes.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
         let escape = at + found;
-        if bytes.get(escape + 1..).is_some_and(|rest| rest.starts_with(b"u0000")) {
-            return true;
-        }
         at = escape + 2;
+        let Some(unit) = utf16_escape(bytes, escape) else { continue };
+        match unit {
+            0 => return Some(DeadLetterReason::ContainsNul),
+            0xD800..=0xDBFF => match utf16_escape(bytes, escape + 6) {
+                Some(0xDC00..=0xDFFF) => at = escape + 12,
+                _ => return Some(DeadLetterReason::UnpairedSurrogate),
+            },
+            0xDC00..=0xDFFF => return Some(DeadLetterReason::UnpairedSurrogate),
+            _ => at = escape + 6,
+        }
     }
-    false
+    None
+}
+
+/// The code unit of a `\uXXXX` escape starting at `at`, if one does.
+fn utf16_escape(bytes: &[u8], at: usize) -> Option<u16> {
+    let escape = bytes.get(at..at + 6)?;
+    if !escape.starts_with(b"\\u") {
+        return None;
+    }
+    let hex = std::str::from_utf8(&escape[2..]).ok()?;
+    u16::from_str_radix(hex, 16).ok()
 }
 
 /// Every name a derived column is read from.
@@ -369,7 +412,7 @@ const DERIVED_FIELD_NAMES: &[&[&str]] = &[TIME_FIELDS, LEVEL_FIELDS, MESSAGE_FIE
 
 /// The top-level fields of a record that derived columns come from, as raw JSON, found in one
 /// pass that builds nothing for the other fields. A name given twice keeps its last value, as
-/// `jsonb` does. A record that is not an object has none.
+/// `->>` and `jsonb` do. A record that is not an object has none.
 struct DerivedFields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
 impl DerivedFields<'_> {

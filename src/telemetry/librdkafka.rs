@@ -12,10 +12,10 @@ use rdkafka::statistics::Statistics;
 
 use super::REASON;
 
-/// Messages in librdkafka's queues (producer: waiting to be sent or acknowledged; consumer:
 /// How often librdkafka reports its statistics (`statistics.interval.ms`), for the producer
 /// and the consumer alike.
 pub const STATISTICS_INTERVAL_MS: &str = "5000";
+/// Messages in librdkafka's queues (producer: waiting to be sent or acknowledged; consumer:
 /// fetched, not yet consumed).
 pub const QUEUE_MESSAGES: &str = "sluice_kafka_queue_messages";
 /// Bytes of those messages.

@@ -262,11 +262,14 @@ pub enum DeadLetterReason {
     Expired,
     /// Its ingest time is further ahead of this clock than `max_clock_skew` allows.
     IngestTimeInFuture,
+    /// A JSON record holding a `\uD800`–`\uDFFF` escape that is not half of a pair: `json`
+    /// would store it, and every JSON query reaching the row would then fail.
+    UnpairedSurrogate,
 }
 
 impl DeadLetterReason {
     /// Every reason (docs/METRICS.md lists the same).
-    pub const ALL: [DeadLetterReason; 8] = [
+    pub const ALL: [DeadLetterReason; 9] = [
         DeadLetterReason::MalformedEnvelope,
         DeadLetterReason::UnsupportedVersion,
         DeadLetterReason::MissingMessage,
@@ -275,6 +278,7 @@ impl DeadLetterReason {
         DeadLetterReason::EmptyMessage,
         DeadLetterReason::Expired,
         DeadLetterReason::IngestTimeInFuture,
+        DeadLetterReason::UnpairedSurrogate,
     ];
 
     /// The `reason` column and label value.
@@ -288,6 +292,7 @@ impl DeadLetterReason {
             DeadLetterReason::EmptyMessage => "empty_message",
             DeadLetterReason::Expired => "expired",
             DeadLetterReason::IngestTimeInFuture => "ingest_time_in_future",
+            DeadLetterReason::UnpairedSurrogate => "unpaired_surrogate",
         }
     }
 

@@ -288,7 +288,7 @@ async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_rede
     sluice::persist::schema::ensure_partitions(&db, &[day]).await.expect("today's partition");
     // Rows as a V1 persister stored them: the record twice, the id as text.
     let now = now_rfc3339();
-    let agent = "0192f0a1b2c3d4e5f60718293a4b5c6d";
+    let agent = "0192f0a1b2c3d4e5a60718293a4b5c6d";
     let json_record = r#"{"n": 1,  "m":"old"}"#;
     db.execute(
         "INSERT INTO logs (record_id, ingest_time, format, record, payload, message, kafka_topic, kafka_partition, kafka_offset) \

@@ -49,9 +49,11 @@ fn a_json_record_as_written_is_its_exact_text() {
 
 #[test]
 fn an_agents_record_id_is_its_instance_uuid_and_sequence() {
-    let key = RecordKey::of("0192f0a1b2c3d4e5f60718293a4b5c6d-7");
-    assert_eq!(key.to_string(), "0192f0a1-b2c3-d4e5-f607-18293a4b5c6d/7");
-    assert_eq!(RecordKey::of("0192f0a1b2c3d4e5f60718293a4b5c6d-0").seq, 0);
+    let key = RecordKey::of("0192f0a1b2c3d4e5a60718293a4b5c6d-7");
+    assert_eq!(key.to_string(), "0192f0a1-b2c3-d4e5-a607-18293a4b5c6d/7");
+    assert_eq!(RecordKey::of("0192f0a1b2c3d4e5a60718293a4b5c6d-0").seq, 0);
+    let own = uuid::Uuid::now_v7().simple().to_string();
+    assert_eq!(RecordKey::of(&format!("{own}-1")).agent.0, *uuid::Uuid::parse_str(&own).expect("uuid").as_bytes());
 }
 
 #[test]
@@ -60,11 +62,16 @@ fn any_other_record_id_gets_the_key_migration_v2_computes_in_sql() {
     // V1 row holding that id: the persister and the migration must agree, or a record stored
     // before the upgrade and redelivered after it would be stored twice.
     for (id, key) in [
-        ("r0-5", "dd191696-e15e-2ee2-9341-0d02454c5f94/5"),
-        ("noseq", "ee8eb8b6-239b-8566-7ced-dbdb52b4bc44/-1"),
-        ("x-007", "847ccc5f-7477-6ebf-af7f-4cd0271f1bc8/-1"),
-        ("a-b-123456789012345678", "d44362d6-7d92-1091-c7b9-674d752e9e23/123456789012345678"),
-        ("a-1234567890123456789", "3b1c4e94-d756-71a1-734f-920ec51ec8b7/-1"),
+        ("r0-5", "dd191696-e15e-2ee2-f341-0d02454c5f94/5"),
+        ("noseq", "ee8eb8b6-239b-8566-fced-dbdb52b4bc44/-1"),
+        ("x-007", "847ccc5f-7477-6ebf-ef7f-4cd0271f1bc8/-1"),
+        ("a-b-123456789012345678", "d44362d6-7d92-1091-e7b9-674d752e9e23/123456789012345678"),
+        ("a-1234567890123456789", "3b1c4e94-d756-71a1-f34f-920ec51ec8b7/-1"),
+        ("web-1-5", "c4719afa-76fa-448b-feca-99e673688584/5"),
+        // 32 hex digits that are not an RFC 4122 uuid (17th digit 5, f) are hashed like any name.
+        ("c4719afa76fa448b5eca99e673688584-5", "9d7eba96-77ac-5051-f0cf-b7f30e2e5544/5"),
+        ("0192f0a1b2c3d4e5f60718293a4b5c6d-7", "3433009d-77a7-129f-fa1b-8daaafafa8c4/7"),
+        ("0192f0a1b2c3d4e5a60718293a4b5c6d-7", "0192f0a1-b2c3-d4e5-a607-18293a4b5c6d/7"),
     ] {
         assert_eq!(RecordKey::of(id).to_string(), key, "{id}");
     }
@@ -87,6 +94,11 @@ fn distinct_record_ids_get_distinct_keys() {
         "a- 1",
         "a-999999999999999999",
         "a-9999999999999999999",
+        // Found by the cold review: the first 16 bytes of SHA-256("web-1") written as an
+        // instance took the hashed instance's key.
+        "web-1-5",
+        "c4719afa76fa448b5eca99e673688584-5",
+        "c4719afa76fa448b8eca99e673688584-5",
     ];
     let keys: std::collections::BTreeSet<_> = ids.iter().map(|id| RecordKey::of(id)).collect();
     assert_eq!(keys.len(), ids.len());
@@ -152,6 +164,32 @@ fn a_record_with_u0000_becomes_a_dead_letter_because_postgres_text_cannot_hold_i
     assert_eq!(letter.reason, DeadLetterReason::ContainsNul);
     // An escaped backslash followed by "u0000" is not a NUL character.
     assert!(matches!(parse(Some(&envelope("json", r#"{"k":"a\\u0000"}"#)), origin()), Parsed::Row(_)));
+}
+
+#[test]
+fn a_json_record_with_an_unpaired_surrogate_escape_becomes_a_dead_letter() {
+    // Found by the cold review of the V2 table: `json` stores `"\ud800"` (a string cut in the
+    // middle of an emoji), after which every `record->>'x'` or `::jsonb` query whose scan
+    // reaches that row fails. V1's `jsonb` refused it; now it is refused before the database.
+    for record in [
+        r#"{"msg":"\ud800"}"#,
+        r#"{"msg":"\uD83D"}"#,
+        r#"{"msg":"\udc00x"}"#,
+        r#"{"msg":"\ud83dx\ude00"}"#,
+        r#"{"msg":"\ud83d\u0041"}"#,
+        r#"["a","\ud83d"]"#,
+    ] {
+        let Parsed::Dead(letter) = parse(Some(&envelope("json", record)), origin()) else {
+            panic!("a dead letter for {record}")
+        };
+        assert_eq!(letter.reason, DeadLetterReason::UnpairedSurrogate, "{record}");
+        assert_eq!(letter.payload.as_deref(), Some(&envelope("json", record)[..]), "kept byte for byte");
+    }
+    for record in
+        [r#"{"msg":"\ud83d\ude00"}"#, r#"{"msg":"\uD83D\uDE00 ok"}"#, r#"{"msg":"\\ud800"}"#, r#"{"msg":"\u00e9"}"#]
+    {
+        assert!(matches!(parse(Some(&envelope("json", record)), origin()), Parsed::Row(_)), "{record} is a row");
+    }
 }
 
 #[test]
