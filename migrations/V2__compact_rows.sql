@@ -17,8 +17,19 @@
 -- columns it changes (a view on `logs`, a jsonb-only index on `record` such as
 -- `jsonb_path_ops`, a generated column): drop them, upgrade, create them again for `json`.
 
--- A role's or database's timeouts must not cancel it halfway, every start again.
+-- A role's or database's timeouts must not cancel it halfway, every start again. Waiting for
+-- the table is bounded: a long query or a dump holding it fails this start (the persister
+-- exits and is started again) rather than queueing every reader and writer behind this lock.
 SET LOCAL statement_timeout = 0;
+DO $$
+BEGIN
+    IF current_setting('server_version_num')::int >= 170000 THEN
+        PERFORM set_config('transaction_timeout', '0', true);
+    END IF;
+END
+$$;
+SET LOCAL lock_timeout = '1min';
+LOCK TABLE logs IN ACCESS EXCLUSIVE MODE;
 SET LOCAL lock_timeout = 0;
 
 -- The hashed agent of an instance (or of a whole id) that is not an agent's own uuid: the first

@@ -131,6 +131,10 @@ fn check_dead(letter: &DeadLetter, value: Option<&[u8]>) {
     storable_error(&letter.error);
     assert_eq!(letter.payload.as_deref(), value, "a dead letter keeps the message byte for byte");
     assert_eq!(letter.reason == DeadLetterReason::EmptyMessage, value.is_none(), "empty_message is for a message without value");
+    if letter.reason == DeadLetterReason::UnpairedSurrogate {
+        let text = value.and_then(|value| std::str::from_utf8(value).ok()).unwrap_or_default();
+        assert!(escapes_unpaired_surrogate(text), "an unpaired_surrogate dead letter for {text:?}");
+    }
     assert_eq!(letter.origin, origin());
 }
 

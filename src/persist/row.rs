@@ -291,8 +291,14 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     let record = envelope.record.get();
     // PostgreSQL's text cannot hold U+0000, and `json` holds an unpaired surrogate escape only
     // to fail every query that reads it: such a record is kept as bytes instead.
-    let unstorable =
-        if payload.contains('\0') { Some(DeadLetterReason::ContainsNul) } else { unstorable_escape(record) };
+    // A text record stores only its line (the payload): the rest of its object is not looked at.
+    let unstorable = if payload.contains('\0') {
+        Some(DeadLetterReason::ContainsNul)
+    } else if envelope.format == Format::Json {
+        unstorable_escape(record)
+    } else {
+        None
+    };
     match unstorable {
         Some(DeadLetterReason::ContainsNul) => {
             return dead(

@@ -88,13 +88,13 @@ async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_g
                     CASE WHEN i % 2 = 0 THEN jsonb_build_object('msg', body) ELSE jsonb_build_object('message', 'line ' || body) END, \
                     CASE WHEN i % 2 = 0 THEN json_build_object('msg', body)::text ELSE 'line ' || body END, \
                     CASE WHEN i % 2 = 0 THEN NULL WHEN i % 3 = 0 THEN 'stale' ELSE 'line ' || body END, 't', 0, i \
-             FROM generate_series(1, 4000) AS i, \
+             FROM generate_series(1, 20000) AS i, \
                   LATERAL (SELECT string_agg(md5(i::text || '/' || g::text), '') FROM generate_series(1, 20) AS g) AS b(body)",
         )
         .await
         .expect("V1 rows");
 
-    client.batch_execute("SET statement_timeout = '1ms'").await.expect("a role's timeout");
+    client.batch_execute("SET statement_timeout = '100ms'").await.expect("a role's timeout");
     schema::migrate(&mut client, &config.schema).await.expect("the upgrade runs whatever the session's timeout");
     client.batch_execute("RESET statement_timeout").await.expect("reset");
 
@@ -102,7 +102,7 @@ async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_g
         let client = &client;
         async move { client.query_one(sql, &[]).await.expect(sql).get::<_, i64>(0) }
     };
-    assert_eq!(count("SELECT count(*) FROM logs").await, 4000);
+    assert_eq!(count("SELECT count(*) FROM logs").await, 20000);
     assert_eq!(
         count("SELECT count(*) FROM logs WHERE format = 'text' AND (record IS NOT NULL OR message NOT LIKE 'line %')")
             .await,

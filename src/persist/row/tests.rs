@@ -185,6 +185,11 @@ fn a_json_record_with_an_unpaired_surrogate_escape_becomes_a_dead_letter() {
         assert_eq!(letter.reason, DeadLetterReason::UnpairedSurrogate, "{record}");
         assert_eq!(letter.payload.as_deref(), Some(&envelope("json", record)[..]), "kept byte for byte");
     }
+    // A text record stores its line only: what else its object holds is not stored.
+    assert!(matches!(
+        parse(Some(&envelope("text", r#"{"message":"ok","x":"\ud800"}"#)), origin()),
+        Parsed::Row(row) if row.message.as_deref() == Some("ok")
+    ));
     for record in
         [r#"{"msg":"\ud83d\ude00"}"#, r#"{"msg":"\uD83D\uDE00 ok"}"#, r#"{"msg":"\\ud800"}"#, r#"{"msg":"\u00e9"}"#]
     {
