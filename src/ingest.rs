@@ -36,6 +36,7 @@ pub mod datagram;
 pub mod forward;
 pub mod framing;
 pub mod limit;
+pub mod paced;
 pub mod record;
 mod replies;
 pub mod sink;

@@ -102,6 +102,13 @@ pub enum Transport {
     Datagram,
 }
 
+/// `read_interval`'s default: librdkafka's own `linger.ms` (`ship.linger`) is 5 ms.
+pub const DEFAULT_READ_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Longest `read_interval`: the kernel holds about 250 small writes per connection; a writer
+/// whose rate jumps above 250 writes per tick would wait for the next tick.
+pub const MAX_READ_INTERVAL: Duration = Duration::from_millis(20);
+
 /// `[ingest.listeners.NAME]`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -129,6 +136,12 @@ pub struct ListenerConfig {
     /// keeps idle connections. Default `"10m"`.
     #[serde(with = "super::serde_helpers::duration_or_forever")]
     pub idle_timeout: Option<Duration>,
+    /// Stream connections: while a connection is busy its socket is read in ticks at most this
+    /// far apart, instead of waking the agent for every `write()` (see `src/ingest/paced.rs`);
+    /// a record waits at most this long before it is read, the writer never waits. `"0s"`:
+    /// read each write as it comes. Default `"5ms"`.
+    #[serde(with = "humantime_serde")]
+    pub read_interval: Duration,
     /// Only these peer uids may write (checked with `SO_PEERCRED`); empty: anyone who can open
     /// the socket. A denied peer is closed and counted (`reason="peer_denied"`).
     pub allow_uids: Vec<u32>,
@@ -149,6 +162,7 @@ impl Default for ListenerConfig {
             max_record_size: ByteSize::mib(1),
             max_connections: 1024,
             idle_timeout: Some(Duration::from_secs(600)),
+            read_interval: DEFAULT_READ_INTERVAL,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             rate_limit: None,
@@ -301,6 +315,12 @@ impl ListenerConfig {
         }
         if self.max_connections == 0 {
             return Err(at.invalid("max_connections", "must be at least 1"));
+        }
+        if self.read_interval > MAX_READ_INTERVAL {
+            return Err(at.invalid(
+                "read_interval",
+                "must be at most 20ms (a connection's socket holds about 250 writes between two reads)",
+            ));
         }
         if self.idle_timeout.is_some_and(|timeout| timeout.is_zero()) {
             return Err(at.invalid("idle_timeout", "must be greater than zero (or \"forever\")"));

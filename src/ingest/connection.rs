@@ -27,6 +27,7 @@ use tracing::debug;
 
 use super::forward::{self, ForwardFramer};
 use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use super::paced::PacedStream;
 use super::replies::{PendingChunk, Replies};
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
@@ -96,20 +97,27 @@ pub async fn serve(
     debug!(pid = ?peer.pid, uid = peer.uid, "connection opened");
     listener.metrics.accepted.increment(1);
     listener.metrics.open.increment(1.0);
-    let (read_half, write_half) = stream.into_split();
+    let paced = PacedStream::new(stream, listener.config.read_interval);
+    let write_half = match paced.writer() {
+        Ok(writer) => Some(writer),
+        Err(error) => {
+            debug!(%error, "no second handle for acknowledgements; an acknowledged connection closes after its first record");
+            None
+        }
+    };
     let framer = Accounted::new(StreamFramer::new(&listener, ingest.max_json_depth), listener.clone());
-    let mut frames = FramedRead::with_capacity(read_half, framer, READ_CAPACITY);
+    let mut frames = FramedRead::with_capacity(paced, framer, READ_CAPACITY);
     let mut room = ReadRoom::new(&ingest, listener.config.max_record_bytes());
     let limit_key =
         listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
     let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
-    let mut replies = Replies {
-        write_half: Some(write_half),
-        tracker: None,
-        task: None,
-        chunks: None,
-        writer_gone: CancellationToken::new(),
-    };
+    let writer_gone = CancellationToken::new();
+    if write_half.is_none() {
+        // Acknowledgements cannot be written: an acknowledged connection takes in its records
+        // without numbers and closes, as when its writer task ends.
+        writer_gone.cancel();
+    }
+    let mut replies = Replies { write_half, tracker: None, task: None, chunks: None, writer_gone };
     let idle = listener.config.idle_timeout;
     let mut first = true;
     let mut draining = false;
@@ -261,9 +269,9 @@ pub(super) async fn numbered(
 /// Shuts the read side of a connection's socket. On a Unix stream socket the peer's next write
 /// then fails (`EPIPE`) instead of landing in a socket nobody reads, while what is already
 /// queued can still be read, up to the end of stream.
-fn shut_read(read_half: &tokio::net::unix::OwnedReadHalf) {
-    let stream: &UnixStream = read_half.as_ref();
-    if let Err(error) = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Read) {
+fn shut_read(paced: &PacedStream) {
+    let Some(socket) = paced.socket() else { return };
+    if let Err(error) = socket.shutdown(std::net::Shutdown::Read) {
         debug!(%error, "could not shut the read side of the socket");
     }
 }

@@ -23,7 +23,8 @@ use crate::buffer::ack::{AckEvent, AckTracker};
 
 /// What a connection writes back, started on demand.
 pub(super) struct Replies {
-    pub(super) write_half: Option<OwnedWriteHalf>,
+    /// A second handle on the connection's socket, registered when a writer task starts.
+    pub(super) write_half: Option<std::os::unix::net::UnixStream>,
     pub(super) tracker: Option<Arc<AckTracker>>,
     pub(super) task: Option<JoinHandle<()>>,
     /// Forward: chunks waiting for acknowledgement, to the writer task.
@@ -36,7 +37,7 @@ impl Replies {
     /// Acknowledged lines: every record from now on is numbered.
     pub(super) fn start_line_acks(&mut self, ingest: &IngestContext) {
         let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
-        if let Some(writer) = self.write_half.take() {
+        if let Some(writer) = self.registered_writer() {
             let gone = self.writer_gone.clone().drop_guard();
             let abandon = ingest.abandon.clone();
             let tracker = tracker.clone();
@@ -64,7 +65,7 @@ impl Replies {
         }
         let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         let (chunks, receiver) = mpsc::channel(MAX_PENDING_CHUNKS);
-        if let Some(writer) = self.write_half.take() {
+        if let Some(writer) = self.registered_writer() {
             let gone = self.writer_gone.clone().drop_guard();
             let write = write_chunk_acks(writer, tracker.clone(), receiver, ingest.abandon.clone());
             self.task = Some(tokio::spawn(async move {
@@ -75,6 +76,20 @@ impl Replies {
         self.tracker = Some(tracker.clone());
         self.chunks = Some(chunks.clone());
         (tracker, chunks)
+    }
+
+    /// The write handle, registered with the event loop; none (and nothing can be acknowledged:
+    /// `writer_gone`) if it cannot be.
+    fn registered_writer(&mut self) -> Option<OwnedWriteHalf> {
+        let stream = self.write_half.take()?;
+        match tokio::net::UnixStream::from_std(stream) {
+            Ok(stream) => Some(stream.into_split().1),
+            Err(error) => {
+                debug!(%error, "cannot register the acknowledgement writer");
+                self.writer_gone.cancel();
+                None
+            }
+        }
     }
 
     /// The reader is done: let the writer finish telling what it knows (or give up at the drain
