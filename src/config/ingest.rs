@@ -138,8 +138,9 @@ pub struct ListenerConfig {
     pub idle_timeout: Option<Duration>,
     /// Stream connections: while a connection is busy its socket is read in ticks at most this
     /// far apart, instead of waking the agent for every `write()` (see `src/ingest/paced.rs`);
-    /// a record waits at most this long before it is read, the writer never waits. `"0s"`:
-    /// read each write as it comes. Default `"5ms"`.
+    /// a record waits at most this long before it is read. The socket holds about 250 writes
+    /// between ticks; a writer bursting more within one tick waits for it. `"0s"`: read each
+    /// write as it comes. Default `"5ms"`.
     #[serde(with = "humantime_serde")]
     pub read_interval: Duration,
     /// Only these peer uids may write (checked with `SO_PEERCRED`); empty: anyone who can open

@@ -98,26 +98,14 @@ pub async fn serve(
     listener.metrics.accepted.increment(1);
     listener.metrics.open.increment(1.0);
     let paced = PacedStream::new(stream, listener.config.read_interval);
-    let write_half = match paced.writer() {
-        Ok(writer) => Some(writer),
-        Err(error) => {
-            debug!(%error, "no second handle for acknowledgements; an acknowledged connection closes after its first record");
-            None
-        }
-    };
     let framer = Accounted::new(StreamFramer::new(&listener, ingest.max_json_depth), listener.clone());
     let mut frames = FramedRead::with_capacity(paced, framer, READ_CAPACITY);
     let mut room = ReadRoom::new(&ingest, listener.config.max_record_bytes());
     let limit_key =
         listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
     let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
-    let writer_gone = CancellationToken::new();
-    if write_half.is_none() {
-        // Acknowledgements cannot be written: an acknowledged connection takes in its records
-        // without numbers and closes, as when its writer task ends.
-        writer_gone.cancel();
-    }
-    let mut replies = Replies { write_half, tracker: None, task: None, chunks: None, writer_gone };
+    let mut replies =
+        Replies { write_half: None, tracker: None, task: None, chunks: None, writer_gone: CancellationToken::new() };
     let idle = listener.config.idle_timeout;
     let mut first = true;
     let mut draining = false;
@@ -190,10 +178,19 @@ pub async fn serve(
         first = false;
         match frame {
             Frame::Record(_) if handshake && matches!(listener.protocol, Protocol::Lines | Protocol::OctetCounted) => {
+                frames.get_mut().stop_ticking();
+                replies.write_half = acknowledgement_handle(frames.get_ref());
                 replies.start_line_acks(&ingest);
             }
             Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
+                if replies.task.is_none() && replies.write_half.is_none() {
+                    // Kept (unregistered) until a message asks for acknowledgements.
+                    replies.write_half = acknowledgement_handle(frames.get_ref());
+                }
                 forward_message(&bytes, &mut sink, &mut replies, &ingest, &listener).await;
+                if replies.task.is_some() {
+                    frames.get_mut().stop_ticking();
+                }
                 if replies.writer_gone.is_cancelled() {
                     debug!("acknowledgements cannot be written; closing connection");
                     break;
@@ -263,6 +260,19 @@ pub(super) async fn numbered(
         _ = ingest.abandon.cancelled() => Err(Unnumbered::Abandoned),
         _ = writer_gone.cancelled() => Err(Unnumbered::WriterGone),
         _ = tracker.room() => Ok(tracker.issue()),
+    }
+}
+
+/// A second handle on the socket for the acknowledgement writer. None if it cannot be made (no
+/// file descriptor left): acknowledgements then cannot be written, as when the writer task ends
+/// (only a connection that asks for them is closed).
+fn acknowledgement_handle(paced: &PacedStream) -> Option<std::os::unix::net::UnixStream> {
+    match paced.writer() {
+        Ok(handle) => Some(handle),
+        Err(error) => {
+            debug!(%error, "no handle for acknowledgements");
+            None
+        }
     }
 }
 

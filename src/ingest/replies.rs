@@ -81,7 +81,10 @@ impl Replies {
     /// The write handle, registered with the event loop; none (and nothing can be acknowledged:
     /// `writer_gone`) if it cannot be.
     fn registered_writer(&mut self) -> Option<OwnedWriteHalf> {
-        let stream = self.write_half.take()?;
+        let Some(stream) = self.write_half.take() else {
+            self.writer_gone.cancel();
+            return None;
+        };
         match tokio::net::UnixStream::from_std(stream) {
             Ok(stream) => Some(stream.into_split().1),
             Err(error) => {

@@ -94,6 +94,16 @@ fn the_next_tick_comes_sooner_the_more_the_last_one_brought() {
     assert_eq!(next_tick(0, interval, interval), interval);
 }
 
+#[test]
+fn a_connection_is_hot_above_eight_kib_per_millisecond_with_a_tick_worth_of_bytes() {
+    // 10,000 records/s of 256 B: 2.5 KiB per ms.
+    assert!(!is_hot(12_800, Duration::from_millis(5)));
+    // Four writers at the max rate: ~21 KB per ms each.
+    assert!(is_hot(21_000, Duration::from_millis(1)));
+    // A few bytes over a very short tick is not a rate.
+    assert!(!is_hot(4096, Duration::from_micros(10)));
+}
+
 #[tokio::test]
 async fn the_writer_handle_reaches_the_peer_in_either_mode() {
     let (mut paced, mut theirs) = pair(Duration::from_millis(5));
@@ -106,4 +116,72 @@ async fn the_writer_handle_reaches_the_peer_in_either_mode() {
     let mut got = [0; 9];
     std::io::Read::read_exact(&mut theirs, &mut got).expect("read");
     assert_eq!(&got, b"OK\nACK 1\n");
+}
+
+/// Found by the cold review: a tick's plain reads did not charge tokio's task budget, so a
+/// writer that never let the socket empty kept the connection's task from ever yielding (and
+/// from seeing shutdown), and on a one-thread runtime starved every other task.
+#[test]
+#[expect(clippy::disallowed_methods, reason = "the reader's work without awaiting is what the test is about")]
+fn a_writer_that_never_lets_the_socket_empty_cannot_starve_other_tasks() {
+    let (done, finished) = std::sync::mpsc::channel();
+    // A one-thread runtime on a thread of its own: if the reader never yields, the timer task
+    // never runs, and this test fails on the channel's timeout instead of hanging.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let (mut paced, mut writer) = pair(Duration::from_millis(5));
+            let flood = std::thread::spawn(move || {
+                let chunk = vec![b'x'; 4096];
+                // Ends when the reader goes away (EPIPE).
+                while writer.write_all(&chunk).is_ok() {}
+            });
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0; 64 * 1024];
+                while let Ok(n) = paced.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    // Handling what was read takes time, without awaiting (as framing and
+                    // enveloping do): the writer refills the socket meanwhile.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            reader.abort();
+            let _ = reader.await;
+            flood.join().expect("writer thread");
+        });
+        let _ = done.send(());
+    });
+    finished.recv_timeout(Duration::from_secs(5)).expect("the timer task ran beside the reader");
+}
+
+#[tokio::test]
+async fn a_connection_that_stops_ticking_reads_through_epoll_from_then_on() {
+    let (mut paced, mut writer) = pair(Duration::from_millis(5));
+    let mut buf = vec![0; 1024];
+    writer.write_all(b"SLUICE/1 ACK\n").expect("write");
+    assert_eq!(paced.read(&mut buf).await.expect("read"), 13);
+    assert!(ticking(&paced));
+    paced.stop_ticking();
+    writer.write_all(b"one\n").expect("write");
+    assert_eq!(paced.read(&mut buf).await.expect("read"), 4);
+    assert!(!ticking(&paced), "back on epoll, and it stays there");
+    writer.write_all(b"two\n").expect("write");
+    assert_eq!(paced.read(&mut buf).await.expect("read"), 4);
+    assert!(!ticking(&paced));
+}
+
+#[tokio::test]
+async fn a_read_asks_for_at_most_a_chunk_however_large_the_buffer() {
+    let (mut paced, mut writer) = pair(Duration::ZERO);
+    let big = vec![b'y'; 3 * READ_CHUNK];
+    let flood = std::thread::spawn(move || writer.write_all(&big).expect("write"));
+    let mut buf = vec![0; 4 * READ_CHUNK];
+    let n = paced.read(&mut buf).await.expect("read");
+    assert!(n > 0 && n <= READ_CHUNK, "{n}");
+    let mut rest = vec![0; 3 * READ_CHUNK - n];
+    paced.read_exact(&mut rest).await.expect("the rest");
+    flood.join().expect("writer");
 }
