@@ -183,11 +183,7 @@ pub async fn serve(
                 replies.start_line_acks(&ingest);
             }
             Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
-                if replies.task.is_none() && replies.write_half.is_none() {
-                    // Kept (unregistered) until a message asks for acknowledgements.
-                    replies.write_half = acknowledgement_handle(frames.get_ref());
-                }
-                forward_message(&bytes, &mut sink, &mut replies, &ingest, &listener).await;
+                forward_message(&bytes, frames.get_ref(), &mut sink, &mut replies, &ingest, &listener).await;
                 if replies.task.is_some() {
                     frames.get_mut().stop_ticking();
                 }
@@ -292,6 +288,7 @@ fn shut_read(paced: &PacedStream) {
 /// it once every event is settled) before its first event is numbered.
 async fn forward_message(
     bytes: &BytesMut,
+    socket: &PacedStream,
     sink: &mut RecordSink<'_>,
     replies: &mut Replies,
     ingest: &IngestContext,
@@ -329,6 +326,10 @@ async fn forward_message(
     let wire_len = bytes.len() / count.max(1);
     let chunk = match events.chunk() {
         Some(chunk) => {
+            if replies.task.is_none() && replies.write_half.is_none() {
+                // The first chunk: its writer task needs a handle of its own on the socket.
+                replies.write_half = acknowledgement_handle(socket);
+            }
             let (tracker, chunks) = replies.chunk_acks(ingest).await;
             // This reader alone numbers the connection's records, so the events get the next
             // `count` numbers, each issued as its event is offered.

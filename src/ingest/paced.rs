@@ -30,10 +30,11 @@
 //! Between ticks a writer's records queue in the socket. The kernel charges each small write
 //! about 800 B of the writer's ~208 KiB send buffer, so about 250 writes fit: a writer that
 //! sends more than that within one tick — a burst above ~50,000 writes/s at the default 5 ms —
-//! waits (or, non-blocking, gets `EAGAIN`) until the tick, at most `read_interval`. Below that
-//! it never waits; a steady rate is covered by the next tick coming sooner ([`TICK_BYTES`]),
-//! except for records under ~32 B above ~250 per interval. A record is read at most
-//! `read_interval` later.
+//! waits (or, non-blocking, gets `EAGAIN`) until the tick, at most `read_interval`. A steady
+//! rate is covered by the next tick coming sooner: ticks count a line as its bytes plus
+//! [`WRITE_COST`], so short lines count as the writes they are. Writes that are not lines
+//! (octet-counted or Forward frames without newlines) count by their bytes only. A record is
+//! read at most `read_interval` later.
 //!
 //! Owns: the mode switches and the tick timing. Must not: read ahead of what the framer asks
 //! for (it reads into the buffer it is given, as any `AsyncRead`), or lose readiness across a
@@ -57,15 +58,29 @@ use tokio::time::{Instant, Sleep};
 /// at a high rate does not fill its socket before the first tick measures it.
 pub const FIRST_TICK: Duration = Duration::from_millis(1);
 
-/// The next tick is due when about this much has probably arrived (at the last tick's rate).
-pub const TICK_BYTES: usize = 8 * 1024;
+/// What a write costs the writer's socket beyond its bytes (the kernel's buffer per write,
+/// charged against its ~208 KiB send buffer: about 250 small writes fit). A tick counts a
+/// read's bytes plus this for every newline in them — a line is usually one write — so a
+/// writer of short lines is measured by its writes, not its few bytes.
+pub const WRITE_COST: usize = 768;
 
-/// A connection whose tick brought at least [`TICK_BYTES`] at this rate or more (bytes per
-/// millisecond since the tick before: ~32,000 records/s of 256 B) goes back to waiting on epoll
+/// The next tick is due when about this much (bytes plus [`WRITE_COST`] per line) has probably
+/// arrived at the last tick's rate: ~48 lines of 256 B, ~60 short lines — a quarter of what the
+/// socket holds.
+pub const TICK_BYTES: usize = 48 * 1024;
+
+/// What `read` costs the writer's socket, as counted against [`TICK_BYTES`].
+pub fn units(read: &[u8]) -> usize {
+    read.len() + WRITE_COST * memchr::memchr_iter(b'\n', read).count()
+}
+
+/// A connection whose tick brought at least half of [`TICK_BYTES`] at this rate or more ([`units`] per
+/// millisecond since the tick before: ~32,000 lines/s of 256 B, ~40,000 short lines/s) goes back
+/// to waiting on epoll
 /// for [`HOT_FOR`]: epoll's wake-ups then bring many records each, while ticks would come late
 /// behind the other connections' work and let the writer's socket fill (measured: max-rate
 /// ingest 9% slower with every connection ticking).
-pub const HOT_BYTES_PER_MS: f64 = 8.0 * 1024.0;
+pub const HOT_BYTES_PER_MS: f64 = 32.0 * 1024.0;
 
 /// How long a connection that was hot stays on epoll before it tries a tick again.
 pub const HOT_FOR: Duration = Duration::from_millis(100);
@@ -185,7 +200,7 @@ pub fn next_tick(bytes: usize, elapsed: Duration, interval: Duration) -> Duratio
 /// Whether a tick that read `bytes` over `elapsed` since the tick before found a connection
 /// busy enough for epoll ([`HOT_BYTES_PER_MS`]).
 pub fn is_hot(bytes: usize, elapsed: Duration) -> bool {
-    bytes >= TICK_BYTES && bytes as f64 >= HOT_BYTES_PER_MS * elapsed.as_secs_f64() * 1000.0
+    bytes >= TICK_BYTES / 2 && bytes as f64 >= HOT_BYTES_PER_MS * elapsed.as_secs_f64() * 1000.0
 }
 
 impl AsyncRead for PacedStream {
@@ -198,24 +213,18 @@ impl AsyncRead for PacedStream {
                     return Poll::Ready(Err(error.take().unwrap_or_else(|| io::Error::other("socket lost"))));
                 }
                 Mode::Waiting(stream) => {
-                    // Through tokio's registration: the task's budget is charged here.
-                    ready!(stream.poll_read_ready(cx))?;
-                    match stream.try_read(unfilled(buf)) {
-                        Ok(n) => {
-                            buf.advance(n);
-                            if n > 0 && !this.interval.is_zero() {
-                                let now = Instant::now();
-                                if this.hot_until.is_none_or(|until| now >= until) {
-                                    this.hot_until = None;
-                                    this.start_ticking(now);
-                                }
-                            }
-                            return Poll::Ready(Ok(()));
+                    // tokio's own read: readiness, the task's budget, no zeroing.
+                    let before = buf.filled().len();
+                    ready!(Pin::new(stream).poll_read(cx, buf))?;
+                    let n = buf.filled().len() - before;
+                    if n > 0 && !this.interval.is_zero() {
+                        let now = Instant::now();
+                        if this.hot_until.is_none_or(|until| now >= until) {
+                            this.hot_until = None;
+                            this.start_ticking(now);
                         }
-                        // try_read cleared the readiness: poll_read_ready waits again.
-                        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(error) => return Poll::Ready(Err(error)),
                     }
+                    return Poll::Ready(Ok(()));
                 }
                 Mode::Ticking(ticking) => {
                     if this.interval.is_zero() {
@@ -236,7 +245,8 @@ impl AsyncRead for PacedStream {
                     match (&ticking.stream).read(unfilled(buf)) {
                         Ok(n) => {
                             coop.made_progress();
-                            ticking.bytes += n;
+                            let read = &buf.initialized()[buf.filled().len()..buf.filled().len() + n];
+                            ticking.bytes += units(read);
                             buf.advance(n);
                             return Poll::Ready(Ok(()));
                         }

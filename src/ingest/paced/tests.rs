@@ -25,7 +25,7 @@ async fn a_busy_connection_is_read_in_ticks_and_goes_back_to_epoll_when_a_tick_f
     assert_eq!(&buf[..n], b"one\n");
     assert!(ticking(&paced), "after a read the socket is out of epoll, read on a timer");
     // Written between ticks: read at the next tick, every byte, in order.
-    let expected: String = (0..100).map(|i| format!("record {i}\n")).collect();
+    let expected: String = (0..10).map(|i| format!("record {i}\n")).collect();
     writer.write_all(expected.as_bytes()).expect("write");
     let mut got = Vec::new();
     while got.len() < expected.len() {
@@ -87,21 +87,22 @@ async fn a_shut_read_side_ends_the_stream_while_ticking() {
 #[test]
 fn the_next_tick_comes_sooner_the_more_the_last_one_brought() {
     let interval = Duration::from_millis(5);
-    // 1,000 records/s of 256 B: 1.3 KiB per 5 ms, far below TICK_BYTES: the whole interval.
-    assert_eq!(next_tick(1280, interval, interval), interval);
-    // 64 KiB in 4 ms: TICK_BYTES (8 KiB) arrive in half a millisecond.
-    assert_eq!(next_tick(64 * 1024, Duration::from_millis(4), interval), Duration::from_micros(500));
+    // 1,000 lines/s of 256 B: 5 lines per 5 ms, far below TICK_BYTES: the whole interval.
+    let five_lines = units(&[[b'x'; 255].as_slice(), b"\n"].concat().repeat(5));
+    assert_eq!(five_lines, 5 * (256 + WRITE_COST));
+    assert_eq!(next_tick(five_lines, interval, interval), interval);
+    // 64 Ki units in 4 ms: TICK_BYTES (48 Ki) arrive in 3 ms.
+    assert_eq!(next_tick(64 * 1024, Duration::from_millis(4), interval), Duration::from_millis(3));
     assert_eq!(next_tick(0, interval, interval), interval);
 }
 
 #[test]
-fn a_connection_is_hot_above_eight_kib_per_millisecond_with_a_tick_worth_of_bytes() {
-    // 10,000 records/s of 256 B: 2.5 KiB per ms.
-    assert!(!is_hot(12_800, Duration::from_millis(5)));
-    // Four writers at the max rate: ~21 KB per ms each.
-    assert!(is_hot(21_000, Duration::from_millis(1)));
-    // A few bytes over a very short tick is not a rate.
-    assert!(!is_hot(4096, Duration::from_micros(10)));
+fn short_lines_count_as_the_writes_they_are() {
+    // 250 lines of 32 B: 8,000 bytes, but the socket is full.
+    let lines = [[b'x'; 31].as_slice(), b"\n"].concat().repeat(250);
+    assert_eq!(lines.len(), 8000);
+    assert!(units(&lines) > 4 * TICK_BYTES, "{}", units(&lines));
+    assert!(is_hot(units(&lines), Duration::from_millis(5)), "and it is hot: read through epoll");
 }
 
 #[tokio::test]
@@ -174,14 +175,28 @@ async fn a_connection_that_stops_ticking_reads_through_epoll_from_then_on() {
 }
 
 #[tokio::test]
-async fn a_read_asks_for_at_most_a_chunk_however_large_the_buffer() {
-    let (mut paced, mut writer) = pair(Duration::ZERO);
+async fn a_tick_reads_at_most_a_chunk_however_large_the_buffer() {
+    let (mut paced, mut writer) = pair(Duration::from_millis(5));
+    let mut buf = vec![0; 4 * READ_CHUNK];
+    writer.write_all(b"x\n").expect("write");
+    assert_eq!(paced.read(&mut buf).await.expect("read"), 2);
+    assert!(ticking(&paced));
     let big = vec![b'y'; 3 * READ_CHUNK];
     let flood = std::thread::spawn(move || writer.write_all(&big).expect("write"));
-    let mut buf = vec![0; 4 * READ_CHUNK];
     let n = paced.read(&mut buf).await.expect("read");
     assert!(n > 0 && n <= READ_CHUNK, "{n}");
     let mut rest = vec![0; 3 * READ_CHUNK - n];
     paced.read_exact(&mut rest).await.expect("the rest");
     flood.join().expect("writer");
+}
+
+#[test]
+fn a_connection_is_hot_above_32_ki_units_per_millisecond_with_half_a_tick_of_them() {
+    let line = [[b'x'; 255].as_slice(), b"\n"].concat();
+    // 10,000 lines/s of 256 B: 50 lines per 5 ms.
+    assert!(!is_hot(units(&line.repeat(50)), Duration::from_millis(5)));
+    // Four writers at the max rate: ~85 lines per ms each.
+    assert!(is_hot(units(&line.repeat(85)), Duration::from_millis(1)));
+    // A few bytes over a very short tick is not a rate.
+    assert!(!is_hot(4096, Duration::from_micros(10)));
 }
