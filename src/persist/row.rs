@@ -1,5 +1,6 @@
-//! From a Kafka message to a row: parse the envelope, pick out event time, level and message,
-//! and decide whether the record can be stored as a row at all.
+//! From a Kafka message to a row: parse the envelope, pick out event time and level, and decide
+//! whether the record can be stored as a row at all. A JSON record's message is not picked out:
+//! it is stored once, in the record, and the view `logs` derives it (`log_message`, migration V3).
 //!
 //! Owns: the mapping envelope → columns, and the rules for derived columns (documented in
 //! `README.md`). Must not: touch the database, or fail the batch for one bad message (a bad
@@ -30,7 +31,7 @@ pub struct Origin {
     pub offset: i64,
 }
 
-/// One row of `logs`.
+/// One row of `log_rows` (the table under the view `logs`).
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
 pub struct Row {
@@ -38,6 +39,8 @@ pub struct Row {
     pub ingest_time: DateTime<Utc>,
     pub event_time: Option<DateTime<Utc>>,
     pub level: Option<String>,
+    /// A text record's line; `None` for a JSON record, whose message stays in `record` (the
+    /// view `logs` derives it).
     pub message: Option<String>,
     pub format: &'static str,
     pub pod_name: Option<String>,
@@ -270,8 +273,6 @@ impl Window {
 const TIME_FIELDS: &[&str] = &["@timestamp", "timestamp", "time", "ts"];
 /// Fields that name the level.
 const LEVEL_FIELDS: &[&str] = &["level", "severity", "lvl", "log.level"];
-/// Fields that name the message.
-const MESSAGE_FIELDS: &[&str] = &["message", "msg"];
 /// Longest level kept; longer values are not levels.
 const MAX_LEVEL_LEN: usize = 32;
 
@@ -332,6 +333,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         );
     }
     let (event_time, level, message) = match envelope.format {
+        // The message stays in the record: `log_message` in migration V3 derives it.
         Format::Json => {
             let fields = match serde_json::from_str::<DerivedFields<'_>>(record) {
                 Ok(fields) => fields,
@@ -340,7 +342,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
             (
                 fields.first(TIME_FIELDS).and_then(|value| event_time(&value)),
                 fields.first(LEVEL_FIELDS).and_then(|value| level(&value)),
-                fields.first(MESSAGE_FIELDS).and_then(|value| value.as_str().map(str::to_owned)),
+                None,
             )
         }
         Format::Text => (None, None, Some(payload.into_owned())),
@@ -414,7 +416,7 @@ fn utf16_escape(bytes: &[u8], at: usize) -> Option<u16> {
 }
 
 /// Every name a derived column is read from.
-const DERIVED_FIELD_NAMES: &[&[&str]] = &[TIME_FIELDS, LEVEL_FIELDS, MESSAGE_FIELDS];
+const DERIVED_FIELD_NAMES: &[&[&str]] = &[TIME_FIELDS, LEVEL_FIELDS];
 
 /// The top-level fields of a record that derived columns come from, as raw JSON, found in one
 /// pass that builds nothing for the other fields. A name given twice keeps its last value, as

@@ -1,5 +1,6 @@
 //! The database schema: versioned migrations embedded in the binary, and day partitions of
-//! `logs` created ahead of time and dropped after the retention period.
+//! `log_rows` (the table under the view `logs`) created ahead of time and dropped after the
+//! retention period.
 //!
 //! Owns: every DDL statement sluice runs. Must not: run DDL concurrently with another persister
 //! replica (each step takes a PostgreSQL advisory lock), or build SQL from config text (the
@@ -15,6 +16,9 @@ use super::PersistError;
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
+
+/// The partitioned table rows are written to (migration V3); queries read the view `logs`.
+pub const TABLE: &str = "log_rows";
 
 /// Advisory lock key serialising sluice's DDL across replicas ("sluice" in ASCII).
 const DDL_LOCK: i64 = 0x736c_7569_6365;
@@ -50,7 +54,7 @@ pub async fn migrate_to(client: &mut Client, schema: &str, version: Option<i32>)
     result
 }
 
-/// The partition of `logs` holding `day`.
+/// The partition of [`TABLE`] holding `day` (named for the view, as before migration V3).
 pub fn partition_name(day: NaiveDate) -> String {
     format!("logs_{}", day.format("%Y%m%d"))
 }
@@ -68,7 +72,7 @@ pub async fn ensure_partitions(client: &Client, days: &[NaiveDate]) -> Result<()
     for day in days {
         let next = day.checked_add_days(Days::new(1)).unwrap_or(*day);
         let statement = format!(
-            "CREATE TABLE IF NOT EXISTS {} PARTITION OF logs FOR VALUES FROM ('{} 00:00:00+00') TO ('{} 00:00:00+00')",
+            "CREATE TABLE IF NOT EXISTS {} PARTITION OF {TABLE} FOR VALUES FROM ('{} 00:00:00+00') TO ('{} 00:00:00+00')",
             partition_name(*day),
             day.format("%Y-%m-%d"),
             next.format("%Y-%m-%d"),
@@ -125,8 +129,8 @@ pub async fn apply_retention(
              JOIN pg_class c ON c.oid = i.inhrelid \
              JOIN pg_class p ON p.oid = i.inhparent \
              JOIN pg_namespace n ON n.oid = p.relnamespace \
-             WHERE p.relname = 'logs' AND n.nspname = current_schema() ORDER BY c.relname",
-            &[],
+             WHERE p.relname = $1 AND n.nspname = current_schema() ORDER BY c.relname",
+            &[&TABLE],
         )
         .await
         .map_err(PersistError::Postgres)?;

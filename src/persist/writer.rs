@@ -1,4 +1,4 @@
-//! Writing batches to PostgreSQL, one transaction per batch: binary COPY straight into `logs`;
+//! Writing batches to PostgreSQL, one transaction per batch: binary COPY straight into `log_rows`;
 //! if a record of the batch is already stored (a redelivery after a crash or a rebalance), the
 //! transaction is rolled back and the batch goes through a session-local staging table and
 //! `INSERT … SELECT … ON CONFLICT DO NOTHING` instead. The direct COPY costs PostgreSQL about a
@@ -29,7 +29,7 @@ use super::row::{AgentId, DeadLetter, JsonText, Row};
 use super::schema;
 use crate::config::PostgresConfig;
 
-/// Columns of `logs` in COPY order, with their types.
+/// Columns of `log_rows` in COPY order, with their types.
 const COLUMNS: &[(&str, Type)] = &[
     ("agent", Type::UUID),
     ("seq", Type::INT8),
@@ -112,10 +112,10 @@ fn encode_row(copy: &mut BytesMut, values: &[&(dyn ToSql + Sync)], types: &[Type
     Ok(())
 }
 
-/// How a batch reaches `logs`.
+/// How a batch reaches `log_rows`.
 #[derive(Debug, Clone, Copy)]
 enum Route {
-    /// COPY into `logs`: fails on the first record already stored.
+    /// COPY into `log_rows`: fails on the first record already stored.
     Direct,
     /// COPY into `staging`, then insert what is not stored yet.
     Staging,
@@ -170,9 +170,10 @@ impl Writer {
     /// Prepares a connection for writing: creates the session's staging table.
     pub async fn new(client: Client) -> Result<Self, PersistError> {
         client
-            .batch_execute(
-                "CREATE TEMP TABLE IF NOT EXISTS staging (LIKE logs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
-            )
+            .batch_execute(&format!(
+                "CREATE TEMP TABLE IF NOT EXISTS staging (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
+                schema::TABLE
+            ))
             .await
             .map_err(PersistError::Postgres)?;
         Ok(Self {
@@ -233,7 +234,7 @@ impl Writer {
         let mut written = Written::default();
         if !rows.is_empty() {
             let table = match route {
-                Route::Direct => "logs",
+                Route::Direct => schema::TABLE,
                 Route::Staging => "staging",
             };
             let sink = transaction
@@ -277,8 +278,9 @@ impl Writer {
                 Route::Staging => transaction
                     .execute(
                         &format!(
-                            "INSERT INTO logs ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING",
-                            self.column_list
+                            "INSERT INTO {1} ({0}) SELECT {0} FROM staging ON CONFLICT DO NOTHING",
+                            self.column_list,
+                            schema::TABLE
                         ),
                         &[],
                     )

@@ -488,7 +488,7 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
     let pipeline = Scenario::new("rejected").set("persist", "batch_max_wait", "1s").pipeline().await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     // A constraint this record breaks, as a schema change by a DBA might.
-    db.batch_execute("ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (message IS DISTINCT FROM 'boom')")
+    db.batch_execute("ALTER TABLE log_rows ADD CONSTRAINT no_boom CHECK (message IS DISTINCT FROM 'boom')")
         .await
         .expect("constraint");
     send_lines(&config.socket(), &[b"before".to_vec(), b"boom".to_vec(), b"after".to_vec()]).await;

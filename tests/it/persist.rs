@@ -126,7 +126,7 @@ async fn a_partition_ddl_error_does_not_leave_the_session_in_an_aborted_transact
     // fails (overlap), inside the DDL transaction.
     let tomorrow = Utc::now().date_naive() + Days::new(1);
     let ddl = format!(
-        "DROP TABLE IF EXISTS logs_{t}; CREATE TABLE dba_tomorrow PARTITION OF logs FOR VALUES FROM \
+        "DROP TABLE IF EXISTS logs_{t}; CREATE TABLE dba_tomorrow PARTITION OF log_rows FOR VALUES FROM \
          ('{tomorrow} 00:00:00+00') TO ('{tomorrow} 23:00:00+00')",
         t = tomorrow.format("%Y%m%d")
     );
@@ -161,7 +161,7 @@ async fn a_batch_with_several_rows_postgres_rejects_is_split_until_each_is_isola
     let scenario = topic().set("persist", "batch_max_wait", "2s").set("persist", "batch_max_records", 1000);
     let (setup, _persister, db) = persister(scenario).await;
     until("logs exists", || {
-        db.batch_execute("ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (record->>'m' IS DISTINCT FROM 'boom')")
+        db.batch_execute("ALTER TABLE log_rows ADD CONSTRAINT no_boom CHECK (record->>'m' IS DISTINCT FROM 'boom')")
     })
     .await;
     let now = now_rfc3339();
@@ -216,7 +216,7 @@ async fn what_an_isolation_committed_before_a_transient_error_is_counted_once() 
     // committed the other rows and the dead letter of offset 17. A sequence is not rolled back.
     until("logs and dead_letters exist", || {
         db.batch_execute(
-            "ALTER TABLE logs ADD CONSTRAINT no_boom CHECK (record->>'m' IS DISTINCT FROM 'boom');
+            "ALTER TABLE log_rows ADD CONSTRAINT no_boom CHECK (record->>'m' IS DISTINCT FROM 'boom');
              CREATE SEQUENCE fail_once;
              CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
@@ -279,13 +279,68 @@ async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_records_message_is_stored_once_in_the_record_and_the_view_logs_derives_it() {
+    let (setup, _persister, db) = persister(topic()).await;
+    let now = now_rfc3339();
+    // (record, the message `logs` shows): the rule the persister applied in Rust before V3.
+    let cases: &[(&str, Option<&str>)] = &[
+        (r#"{"msg":"boom"}"#, Some("boom")),
+        (r#"{"message":"first name wins","msg":"b"}"#, Some("first name wins")),
+        (r#"{"msg":"b","message":"in any order"}"#, Some("in any order")),
+        (r#"{"message":42,"msg":"a number is no message, and msg is not looked at"}"#, None),
+        (r#"{"message":null,"msg":"b"}"#, None),
+        (r#"{"msg":"x","msg":"the last of a name given twice"}"#, Some("the last of a name given twice")),
+        (r#"{"m\u0073g":"an escaped name"}"#, Some("an escaped name")),
+        (r#"{"msg":"caf\u00e9 \"q\"\n"}"#, Some("café \"q\"\n")),
+        (r#"{"nested":{"msg":"not top-level"}}"#, None),
+        (r#"["a",{"msg":"b"}]"#, None),
+        (r#""just a string""#, None),
+    ];
+    let mut messages: Vec<Vec<u8>> =
+        cases.iter().enumerate().map(|(n, (record, _))| envelope(&format!("m-{n}"), &now, record)).collect();
+    messages.push(
+        format!(
+            r#"{{"v":1,"id":"m-text","ingest_time":"{now}","format":"text","record":{{"message":"a text line"}}}}"#
+        )
+        .into_bytes(),
+    );
+    produce_to(&setup, &messages).await;
+    until_caught_up(&setup.config).await;
+
+    let shown: Vec<(String, Option<String>)> = db
+        .query("SELECT coalesce(record::text, message), message FROM logs ORDER BY kafka_offset", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let mut expected: Vec<(String, Option<String>)> =
+        cases.iter().map(|(record, message)| (record.to_string(), message.map(str::to_string))).collect();
+    expected.push(("a text line".into(), Some("a text line".into())));
+    assert_eq!(shown, expected, "logs shows every record as written with its message");
+    let stored: Vec<(String, Option<String>)> = db
+        .query("SELECT format, message FROM log_rows ORDER BY kafka_offset", &[])
+        .await
+        .expect("stored rows")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let mut once: Vec<(String, Option<String>)> = cases.iter().map(|_| ("json".to_string(), None)).collect();
+    once.push(("text".into(), Some("a text line".into())));
+    assert_eq!(
+        stored, once,
+        "a JSON record's message is stored once, in the record; a text record's line once, as message"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_redelivered_stays_one_row() {
     let setup = topic().build().await;
     let mut db = setup.db().await;
     let schema = setup.config.schema();
     sluice::persist::schema::migrate_to(&mut db, &schema, Some(1)).await.expect("the V1 layout");
     let day = Utc::now().date_naive();
-    sluice::persist::schema::ensure_partitions(&db, &[day]).await.expect("today's partition");
+    partitions_before_v3(&db, &[day]).await;
     // Rows as a V1 persister stored them: the record twice, the id as text.
     let now = now_rfc3339();
     let agent = "0192f0a1b2c3d4e5a60718293a4b5c6d";
@@ -335,7 +390,7 @@ async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_rede
     let columns: Vec<String> = db
         .query(
             "SELECT attname || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute \
-             WHERE attrelid = 'logs'::regclass AND attnum > 0 AND NOT attisdropped \
+             WHERE attrelid = 'log_rows'::regclass AND attnum > 0 AND NOT attisdropped \
              AND attname IN ('agent', 'seq', 'record', 'payload', 'record_id') ORDER BY attname",
             &[],
         )
@@ -347,7 +402,7 @@ async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_rede
     assert_eq!(columns, ["agent uuid", "record json", "seq bigint"]);
     let indexes: Vec<String> = db
         .query(
-            "SELECT indexname || ' ' || substring(indexdef FROM 'USING (.*)$') FROM pg_indexes              WHERE schemaname = current_schema() AND tablename = 'logs' ORDER BY 1",
+            "SELECT indexname || ' ' || substring(indexdef FROM 'USING (.*)$') FROM pg_indexes              WHERE schemaname = current_schema() AND tablename = 'log_rows' ORDER BY 1",
             &[],
         )
         .await

@@ -20,7 +20,7 @@ async fn partitions(client: &tokio_postgres::Client) -> Vec<String> {
         .query(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
              JOIN pg_class p ON p.oid = i.inhparent JOIN pg_namespace n ON n.oid = p.relnamespace \
-             WHERE p.relname = 'logs' AND n.nspname = current_schema() ORDER BY 1",
+             WHERE p.relname = 'log_rows' AND n.nspname = current_schema() ORDER BY 1",
             &[],
         )
         .await
@@ -78,7 +78,7 @@ async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_g
     let mut client = writer::connect(&config).await.expect("connect");
     schema::migrate_to(&mut client, &config.schema, Some(1)).await.expect("the V1 layout");
     let today = Utc::now().date_naive();
-    schema::ensure_partitions(&client, &[today, today + Days::new(1)]).await.expect("partitions");
+    partitions_before_v3(&client, &[today, today + Days::new(1)]).await;
     // V1 rows: JSON records (the text twice) and text records whose payload is the line; some
     // text rows' message differs from it (the line is the payload).
     client
@@ -112,20 +112,74 @@ async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_g
     schema::ensure_partitions(&client, &[today + Days::new(2)]).await.expect("a partition made after the upgrade");
     assert_eq!(
         count(
-            "SELECT count(*) FROM pg_partition_tree('logs') JOIN pg_attribute ON attrelid = relid \
+            "SELECT count(*) FROM pg_partition_tree('log_rows') JOIN pg_attribute ON attrelid = relid \
              WHERE attname IN ('record', 'message') AND attcompression IS DISTINCT FROM 'l'"
         )
         .await,
         0,
         "logs and every partition compress record and message with lz4"
     );
-    let size = "SELECT sum(pg_table_size(relid))::int8 FROM pg_partition_tree('logs')";
+    let size = "SELECT sum(pg_table_size(relid))::int8 FROM pg_partition_tree('log_rows')";
     let upgraded = count(size).await;
-    client.batch_execute("VACUUM FULL logs").await.expect("vacuum full");
+    client.batch_execute("VACUUM FULL log_rows").await.expect("vacuum full");
     let compact = count(size).await;
     assert!(
         upgraded * 10 <= compact * 11,
         "the upgraded table ({upgraded} B) is larger than the same rows rewritten by VACUUM FULL ({compact} B): \
          dead row versions or dropped columns' bytes were left behind"
     );
+}
+
+#[tokio::test]
+async fn the_v3_upgrade_keeps_every_stored_row_as_it_was_and_rewrites_none() {
+    // A V2 database holds JSON rows with their message stored twice (as the V2 persister wrote
+    // them) and text rows. After V3 `logs` is a view: the same rows, the same messages, and the
+    // table under it (`log_rows`) was renamed, not rewritten; partitions and retention go on.
+    let services = services();
+    let config = postgres(&services);
+    let mut client = writer::connect(&config).await.expect("connect");
+    schema::migrate_to(&mut client, &config.schema, Some(2)).await.expect("the V2 layout");
+    let today = Utc::now().date_naive();
+    let old = today - Days::new(20);
+    partitions_before_v3(&client, &[old, today]).await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO logs (agent, seq, ingest_time, format, record, message, kafka_topic, kafka_partition, kafka_offset) \
+             SELECT gen_random_uuid(), i, CASE WHEN i = 1 THEN '{old}'::timestamptz ELSE now() END, \
+                    CASE WHEN i % 2 = 0 THEN 'json' ELSE 'text' END, \
+                    CASE WHEN i % 2 = 0 THEN json_build_object('msg', 'json ' || i, 'n', i) END, \
+                    CASE WHEN i % 2 = 0 THEN 'json ' || i ELSE 'line ' || i END, 't', 0, i \
+             FROM generate_series(1, 1000) AS i"
+        ))
+        .await
+        .expect("V2 rows");
+    let relfilenodes = "SELECT string_agg(relfilenode::text, ',' ORDER BY relname) FROM pg_class \
+                        WHERE relname LIKE 'logs_20%' AND relnamespace = current_schema()::regnamespace";
+    let before: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
+
+    schema::migrate(&mut client, &config.schema).await.expect("the upgrade");
+
+    let after: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
+    assert_eq!(after, before, "no partition was rewritten");
+    let wrong: i64 = client
+        .query_one(
+            "SELECT count(*) FROM logs WHERE message IS DISTINCT FROM \
+             CASE WHEN format = 'json' THEN 'json ' || seq ELSE 'line ' || seq END",
+            &[],
+        )
+        .await
+        .expect("messages")
+        .get(0);
+    assert_eq!(wrong, 0, "every row shows the message it had");
+    let relkind: String = client
+        .query_one("SELECT relkind::text FROM pg_class WHERE oid = 'logs'::regclass", &[])
+        .await
+        .expect("logs")
+        .get(0);
+    assert_eq!(relkind, "v", "logs is the view");
+    assert_eq!(partitions(&client).await, vec![schema::partition_name(old), schema::partition_name(today)]);
+    let dropped = schema::apply_retention(&client, today, 14).await.expect("retention after the upgrade");
+    assert_eq!(dropped, vec![schema::partition_name(old)]);
+    let rows: i64 = client.query_one("SELECT count(*) FROM logs", &[]).await.expect("count").get(0);
+    assert_eq!(rows, 999, "the old day's row went with its partition");
 }

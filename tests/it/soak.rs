@@ -443,7 +443,7 @@ async fn inject(world: Arc<World>, fault: Fault, start: Instant) -> Result<Injec
                 Ok((client, connection)) => {
                     tokio::spawn(connection);
                     let locked = client
-                        .batch_execute(&format!("BEGIN; LOCK TABLE {SCHEMA}.logs IN ACCESS EXCLUSIVE MODE"))
+                        .batch_execute(&format!("BEGIN; LOCK TABLE {SCHEMA}.log_rows IN ACCESS EXCLUSIVE MODE"))
                         .await;
                     match locked {
                         Ok(()) => {

@@ -136,6 +136,20 @@ pub async fn produce(bootstrap: &str, topic: &str, payloads: &[Vec<u8>]) {
     }
 }
 
+/// Day partitions of `logs` as a database before migration V3 had them (then `logs` was the
+/// table; `schema::ensure_partitions` makes them for the current layout's `log_rows`).
+pub async fn partitions_before_v3(db: &tokio_postgres::Client, days: &[chrono::NaiveDate]) {
+    for day in days {
+        let next = *day + chrono::Days::new(1);
+        db.batch_execute(&format!(
+            "CREATE TABLE {} PARTITION OF logs FOR VALUES FROM ('{day} 00:00:00+00') TO ('{next} 00:00:00+00')",
+            sluice::persist::schema::partition_name(*day)
+        ))
+        .await
+        .expect("a partition of the old layout");
+    }
+}
+
 /// An envelope as the agent writes it: record id `id`, ingested at `ingest_time` (RFC 3339), a
 /// JSON record.
 pub fn envelope(id: &str, ingest_time: &str, record: &str) -> Vec<u8> {

@@ -360,7 +360,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
             .query_one(
                 &format!(
                     "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint FROM pg_inherits \
-                     WHERE inhparent = '{schema}.logs'::regclass"
+                     WHERE inhparent = '{schema}.log_rows'::regclass"
                 ),
                 &[],
             )
@@ -410,13 +410,13 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
                  WHILE EXISTS (SELECT 1 FROM {schema}.bench_stall) LOOP PERFORM pg_sleep(0.1); END LOOP;
                  RETURN NULL;
                END $$;
-             CREATE TRIGGER bench_stall BEFORE INSERT ON {schema}.logs FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bench_stall();"
+             CREATE TRIGGER bench_stall BEFORE INSERT ON {schema}.log_rows FOR EACH STATEMENT EXECUTE FUNCTION {schema}.bench_stall();"
         ))
         .await?;
         tokio::time::sleep(Duration::from_secs(s.outage)).await;
         let to = now();
         self.sql(&format!("DELETE FROM {schema}.bench_stall")).await?;
-        self.sql(&format!("DROP TRIGGER bench_stall ON {schema}.logs")).await?;
+        self.sql(&format!("DROP TRIGGER bench_stall ON {schema}.log_rows")).await?;
         let load = load.await.map_err(|error| failed(format!("the load panicked: {error}")))??;
         Self::wait_settled(admin, records, Duration::from_secs(300)).await?;
         let (_, _, caught_up) = Self::wait_rows(&mut persister, records, Duration::from_secs(300)).await?;
