@@ -10,7 +10,12 @@
 -- `log_message` is the rule the persister applied in Rust until now (src/persist/row.rs): the
 -- first of `message`, `msg` present at the top level of an object (the last value of a name
 -- given twice, escapes in names decoded), if its value is a string; else none (a number, null
--- or object in `message` is no message, and `msg` is not looked at then).
+-- or object in `message` is no message, and `msg` is not looked at then). One difference: a
+-- `message` holding a number serde_json cannot read (beyond f64, `1e400`) counted as absent in
+-- Rust, so `msg` was used; here it is a number, so no message.
+-- Grants move with the renamed table; every role that could read it gets SELECT on the view
+-- too. From PostgreSQL 15 the view checks the reader's own rights on `log_rows` (and its
+-- row-level security policies), not its owner's: reading `logs` needs SELECT on both.
 -- Runs in place: a rename, a function and a view; no row is read or written. Persisters of the
 -- previous version write into `logs` and fail (retried, not lost) until they are replaced.
 SET LOCAL lock_timeout = '1min';
@@ -49,6 +54,25 @@ SELECT
     kafka_partition,
     kafka_offset
 FROM log_rows;
+
+DO $$
+DECLARE
+    reader text;
+BEGIN
+    FOR reader IN
+        SELECT DISTINCT CASE WHEN acl.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(role.rolname) END
+        FROM pg_class AS class
+        CROSS JOIN LATERAL aclexplode(class.relacl) AS acl
+        LEFT JOIN pg_roles AS role ON role.oid = acl.grantee
+        WHERE class.oid = 'log_rows'::regclass AND acl.privilege_type = 'SELECT'
+    LOOP
+        EXECUTE format('GRANT SELECT ON logs TO %s', reader);
+    END LOOP;
+    IF current_setting('server_version_num')::int >= 150000 THEN
+        EXECUTE 'ALTER VIEW logs SET (security_invoker = true)';
+    END IF;
+END
+$$;
 
 COMMENT ON VIEW logs IS 'One row per log record (sluice). Stored in log_rows; message is derived from record for JSON records.';
 COMMENT ON COLUMN log_rows.message IS 'A text record''s line; NULL for a JSON record stored since migration V3 (the view logs derives it from record).';

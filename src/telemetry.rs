@@ -92,7 +92,7 @@ pub const KAFKA_REACHABLE: &str = "sluice_kafka_reachable";
 // ---- persist
 /// Kafka messages received by the persister.
 pub const PERSIST_CONSUMED: &str = "sluice_persist_records_consumed_total";
-/// Rows inserted into the logs table.
+/// Rows inserted into the logs table (`log_rows`).
 pub const PERSIST_ROWS: &str = "sluice_persist_rows_written_total";
 /// Records already present (redelivery after a crash or rebalance), skipped by the unique key.
 pub const PERSIST_DUPLICATES: &str = "sluice_persist_rows_duplicate_total";
@@ -283,7 +283,7 @@ fn describe_all() {
     describe_counter!(SHIP_PRODUCER_RECREATIONS, "Producers replaced after a fatal librdkafka error.");
     describe_gauge!(KAFKA_REACHABLE, "1 while Kafka answers metadata requests.");
     describe_counter!(PERSIST_CONSUMED, "Kafka messages received by the persister.");
-    describe_counter!(PERSIST_ROWS, "Rows inserted into the logs table.");
+    describe_counter!(PERSIST_ROWS, "Rows inserted into the logs table (log_rows).");
     describe_counter!(PERSIST_DUPLICATES, "Redelivered records skipped by the unique key.");
     describe_counter!(PERSIST_BATCHES, "Batches committed to PostgreSQL.");
     describe_histogram!(

@@ -35,11 +35,12 @@ pub(super) const FETCH_PARTITION_BYTES: u32 = 256 * 1024;
 /// `message.max.bytes` (1 MB by default).
 pub(super) const FETCH_BYTES: u32 = 1024 * 1024;
 /// How long librdkafka postpones a partition's next fetch once the prefetch queue is past
-/// `PREFETCH_KIB` (`fetch.queue.backoff.ms`; its default is 1000). With the small queue above,
-/// the default left the queue empty and PostgreSQL idle between fetches: draining 500k benchmark
-/// records, 61–71k rows/s with the default, 106–111k with 10 ms (peak RSS 114–123 → 143–146 MiB);
-/// 0 polls for nothing (74k), 1 ms 82k. It applies only while the queue is full: an idle
-/// persister fetches as before.
+/// `PREFETCH_KIB` or `queued.min.messages` (`fetch.queue.backoff.ms`; its default is 1000).
+/// With the small queue above, the default left the queue empty and PostgreSQL idle between
+/// fetches: `sluice-bench persist` (500k 256 B records, the same topic) 63.0–63.7k rows/s with
+/// the default, 97.4–116.1k with 10 ms (peak RSS 114–121 → 139–141 MiB); by hand, 0 ms polls
+/// for nothing (74k), 1 ms 82k. It applies only while the queue is full: an idle persister
+/// fetches as before.
 pub(super) const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 
 /// Consumer callbacks: rebalances, commit results and statistics.

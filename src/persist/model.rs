@@ -424,7 +424,7 @@ impl World {
                     return Err(fail("22021", "invalid byte sequence for encoding \"UTF8\": «0xe9»"));
                 }
                 Kind::RefusedEverywhere => {
-                    return Err(fail("23514", "new row for relation \"logs\" violates check constraint"));
+                    return Err(fail("23514", "new row for relation \"logs_20261203\" violates check constraint"));
                 }
                 _ => {}
             }

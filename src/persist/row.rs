@@ -67,7 +67,7 @@ impl Row {
     }
 }
 
-/// A record id (`<agent instance>-<sequence>`, see `crate::envelope`) as the key of `logs`:
+/// A record id (`<agent instance>-<sequence>`, see `crate::envelope`) as the key of `log_rows`:
 /// a uuid and a bigint, compared as bytes and 24 bytes wide, where the id as text cost
 /// PostgreSQL a collation-aware comparison of ~37 bytes per index step.
 ///

@@ -290,6 +290,10 @@ async fn a_json_records_message_is_stored_once_in_the_record_and_the_view_logs_d
         (r#"{"message":42,"msg":"a number is no message, and msg is not looked at"}"#, None),
         (r#"{"message":null,"msg":"b"}"#, None),
         (r#"{"msg":"x","msg":"the last of a name given twice"}"#, Some("the last of a name given twice")),
+        (r#"{"message":"a","message":5}"#, None),
+        // The one difference from the Rust rule (migration V3): a number serde_json cannot read
+        // made `message` absent there, so `msg` was used; it is a number, so no message.
+        (r#"{"message":1e400,"msg":"x"}"#, None),
         (r#"{"m\u0073g":"an escaped name"}"#, Some("an escaped name")),
         (r#"{"msg":"caf\u00e9 \"q\"\n"}"#, Some("café \"q\"\n")),
         (r#"{"nested":{"msg":"not top-level"}}"#, None),

@@ -206,7 +206,7 @@ pub struct Persist {
     pub shape: String,
     /// The records' mean size as the app wrote them, newline not counted.
     pub record_bytes: f64,
-    /// `pg_total_relation_size` (heap, TOAST, indexes) summed over the partitions of `logs`.
+    /// `pg_total_relation_size` (heap, TOAST, indexes) summed over the partitions of `log_rows`.
     pub relation_bytes: u64,
     /// `relation_bytes` per row.
     pub bytes_per_row: f64,

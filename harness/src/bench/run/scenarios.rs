@@ -352,7 +352,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         })
     }
 
-    /// What `schema.logs` takes on disk: `pg_total_relation_size` (heap, TOAST, indexes, every
+    /// What `schema.log_rows` (the table under the view `logs`) takes on disk: `pg_total_relation_size` (heap, TOAST, indexes, every
     /// fork) of each of its partitions, summed.
     async fn relation_bytes(&self, schema: &str) -> Result<u64, RunError> {
         let row = self
