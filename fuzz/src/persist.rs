@@ -179,6 +179,7 @@ fn check_row(row: &Row, value: &[u8]) {
         "json" => {
             let record = row.record.as_ref().expect("a JSON record's row holds its text");
             assert!(contains(value, record.0.as_bytes()), "the record is not the message's bytes");
+            assert_eq!(row.message, None, "a JSON record's message is not stored beside it (the view derives it)");
         }
         "text" => {
             assert_eq!(row.record, None, "a text record is stored once, as its message");

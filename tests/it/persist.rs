@@ -311,24 +311,12 @@ async fn a_json_records_message_is_stored_once_in_the_record_and_the_view_logs_d
     produce_to(&setup, &messages).await;
     until_caught_up(&setup.config).await;
 
-    let shown: Vec<(String, Option<String>)> = db
-        .query("SELECT coalesce(record::text, message), message FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let shown = pairs(&db, "SELECT coalesce(record::text, message), message FROM logs ORDER BY kafka_offset").await;
     let mut expected: Vec<(String, Option<String>)> =
         cases.iter().map(|(record, message)| (record.to_string(), message.map(str::to_string))).collect();
     expected.push(("a text line".into(), Some("a text line".into())));
     assert_eq!(shown, expected, "logs shows every record as written with its message");
-    let stored: Vec<(String, Option<String>)> = db
-        .query("SELECT format, message FROM log_rows ORDER BY kafka_offset", &[])
-        .await
-        .expect("stored rows")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let stored = pairs(&db, "SELECT format, message FROM log_rows ORDER BY kafka_offset").await;
     let mut once: Vec<(String, Option<String>)> = cases.iter().map(|_| ("json".to_string(), None)).collect();
     once.push(("text".into(), Some("a text line".into())));
     assert_eq!(

@@ -15,6 +15,17 @@ fn postgres(services: &Services) -> PostgresConfig {
     }
 }
 
+/// A fresh schema migrated to `version` (the layout an older persister left), with its
+/// partitions for `days` made as that persister made them.
+async fn database_at(version: i32, days: &[chrono::NaiveDate]) -> (PostgresConfig, tokio_postgres::Client) {
+    let services = services();
+    let config = postgres(&services);
+    let mut client = writer::connect(&config).await.expect("connect");
+    schema::migrate_to(&mut client, &config.schema, Some(version)).await.expect("the older layout");
+    partitions_before_v3(&client, days).await;
+    (config, client)
+}
+
 async fn partitions(client: &tokio_postgres::Client) -> Vec<String> {
     let rows = client
         .query(
@@ -73,12 +84,8 @@ async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_g
     // Found by the cold review of the V2 table: the upgrade updated every row and then rewrote
     // the table, keeping the dropped columns' bytes in every old row; a role's statement_timeout
     // cancelled it (and it started over at every start); lz4 reached `logs` but no partition.
-    let services = services();
-    let config = postgres(&services);
-    let mut client = writer::connect(&config).await.expect("connect");
-    schema::migrate_to(&mut client, &config.schema, Some(1)).await.expect("the V1 layout");
     let today = Utc::now().date_naive();
-    partitions_before_v3(&client, &[today, today + Days::new(1)]).await;
+    let (config, mut client) = database_at(1, &[today, today + Days::new(1)]).await;
     // V1 rows: JSON records (the text twice) and text records whose payload is the line; some
     // text rows' message differs from it (the line is the payload).
     client
@@ -135,13 +142,9 @@ async fn the_v3_upgrade_keeps_every_stored_row_as_it_was_and_rewrites_none() {
     // A V2 database holds JSON rows with their message stored twice (as the V2 persister wrote
     // them) and text rows. After V3 `logs` is a view: the same rows, the same messages, and the
     // table under it (`log_rows`) was renamed, not rewritten; partitions and retention go on.
-    let services = services();
-    let config = postgres(&services);
-    let mut client = writer::connect(&config).await.expect("connect");
-    schema::migrate_to(&mut client, &config.schema, Some(2)).await.expect("the V2 layout");
     let today = Utc::now().date_naive();
     let old = today - Days::new(20);
-    partitions_before_v3(&client, &[old, today]).await;
+    let (config, mut client) = database_at(2, &[old, today]).await;
     client
         .batch_execute(&format!(
             "INSERT INTO logs (agent, seq, ingest_time, format, record, message, kafka_topic, kafka_partition, kafka_offset) \

@@ -150,6 +150,11 @@ pub async fn partitions_before_v3(db: &tokio_postgres::Client, days: &[chrono::N
     }
 }
 
+/// The rows `sql` returns, as (first column, second column) pairs.
+pub async fn pairs(db: &tokio_postgres::Client, sql: &str) -> Vec<(String, Option<String>)> {
+    db.query(sql, &[]).await.expect(sql).iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
 /// An envelope as the agent writes it: record id `id`, ingested at `ingest_time` (RFC 3339), a
 /// JSON record.
 pub fn envelope(id: &str, ingest_time: &str, record: &str) -> Vec<u8> {

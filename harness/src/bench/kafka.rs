@@ -1,8 +1,9 @@
 //! The benchmark's Kafka side: the shipping ceiling (a raw librdkafka producer with the agent's
-//! settings), making sure a topic exists before a timed run, and counting what a topic holds.
+//! settings), the Kafka Connect peer's input (the same records in the form its JDBC sink reads),
+//! making sure a topic exists before a timed run, and counting what a topic holds.
 //!
-//! Owns: those four calls, all blocking (librdkafka's base clients; callers run them off the
-//! async runtime). Must not: produce anything but the ceiling's envelopes.
+//! Owns: those five calls, all blocking (librdkafka's base clients; callers run them off the
+//! async runtime). Must not: produce anything but the ceiling's envelopes and the peer's rows.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +52,24 @@ impl ProducerContext for AckContext {
     }
 }
 
+/// Hands `message` to `producer`, waiting while librdkafka's queue is full.
+#[expect(clippy::disallowed_methods, reason = "a blocking call by design, run off the async runtime")]
+fn send_waiting<P: rdkafka::message::ToBytes + ?Sized>(
+    producer: &ThreadedProducer<AckContext>,
+    mut message: BaseRecord<'_, (), P>,
+) -> Result<(), BenchError> {
+    loop {
+        match producer.send(message) {
+            Ok(()) => return Ok(()),
+            Err((error, back)) if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                message = back;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err((error, _)) => return Err(error.into()),
+        }
+    }
+}
+
 /// The shipping ceiling: a raw librdkafka producer with the agent's settings (acks=all,
 /// idempotence, compression, linger, batch size: `sluice::ship::producer_config` for `config`)
 /// sending `records` envelopes like the agent's for records of `shape` to `topic`, as fast as
@@ -88,19 +107,7 @@ pub fn producer_ceiling(
         let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
         envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
         bytes += envelope.len() as u64;
-        let mut message = BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]);
-        loop {
-            match producer.send(message) {
-                Ok(()) => break,
-                Err((error, back))
-                    if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    message = back;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((error, _)) => return Err(error.into()),
-            }
-        }
+        send_waiting(&producer, BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]))?;
     }
     producer.flush(Duration::from_secs(120))?;
     let seconds = started.elapsed().as_secs_f64();
@@ -115,6 +122,54 @@ pub fn producer_ceiling(
         records_per_second: records as f64 / seconds,
         mib_per_second: bytes as f64 / seconds / (1024.0 * 1024.0),
     })
+}
+
+/// The Kafka Connect schema of [`kafka_connect_input`]'s rows: the columns the persister
+/// fills for these records (JsonConverter with `schemas.enable`: a JDBC sink needs typed fields,
+/// and without a schema registry every value carries its schema).
+const KAFKA_CONNECT_SCHEMA: &str = r#"{"type":"struct","name":"sluice.bench.row","optional":false,"fields":[{"field":"agent","type":"string","optional":false},{"field":"seq","type":"int64","optional":false},{"field":"ingest_time","type":"int64","name":"org.apache.kafka.connect.data.Timestamp","version":1,"optional":false},{"field":"level","type":"string","optional":true},{"field":"format","type":"string","optional":false},{"field":"pod_namespace","type":"string","optional":true},{"field":"pod_name","type":"string","optional":true},{"field":"record","type":"string","optional":false}]}"#;
+
+/// The Kafka Connect peer's input: `records` records of `shape` — the same lines the agent
+/// is sent — into `topic`, each as one row (agent, seq, ingest time, level, pod, the record)
+/// in JsonConverter's JSON with its schema, written before the peer starts (untimed). Returns
+/// the values' mean size in bytes.
+pub fn kafka_connect_input(brokers: &str, topic: &str, records: u64, shape: &Shape) -> Result<f64, BenchError> {
+    let acks = Arc::new(Acks { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let producer: ThreadedProducer<AckContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("compression.type", "zstd")
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .create_with_context(AckContext(Arc::clone(&acks)))?;
+    let agent = uuid::Uuid::now_v7();
+    let started_ms = chrono::Utc::now().timestamp_millis();
+    let mut bytes = 0u64;
+    for index in 0..records {
+        let line = shape.line(0, index);
+        let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
+        let level = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|record| record.get("level")?.as_str().map(str::to_owned));
+        let payload = serde_json::json!({
+            "agent": agent.to_string(),
+            "seq": index,
+            "ingest_time": started_ms + i64::try_from(index / 1000).unwrap_or(0),
+            "level": level,
+            "format": "json",
+            "pod_namespace": "bench",
+            "pod_name": "bench-pod",
+            "record": text,
+        });
+        let value = format!(r#"{{"schema":{KAFKA_CONNECT_SCHEMA},"payload":{payload}}}"#);
+        bytes += value.len() as u64;
+        send_waiting(&producer, BaseRecord::<(), str>::to(topic).payload(value.as_str()))?;
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let delivered = acks.ok.load(Ordering::Relaxed);
+    if delivered != records {
+        return Err(BenchError::Undelivered { records, failed: records - delivered });
+    }
+    Ok(bytes as f64 / records.max(1) as f64)
 }
 
 /// Makes sure `topic` exists (auto-created by a metadata request, as a producer's first send

@@ -212,6 +212,43 @@ pub struct Persist {
     pub bytes_per_row: f64,
 }
 
+/// The persister's peer: Kafka Connect standalone with a JDBC sink storing the same records.
+#[derive(Debug, Clone, Serialize)]
+pub struct KafkaConnect {
+    /// "Kafka Connect 4.4.0, Debezium JDBC sink 3.5.0.Final".
+    pub version: String,
+    /// Records on its topic.
+    pub records: u64,
+    /// Rows counted in its table.
+    pub rows_in_postgres: u64,
+    /// `tasks.max` (the persister's writers).
+    pub tasks: u64,
+    /// The sink's `batch.size` and the consumers' `max.poll.records`.
+    pub batch_size: u64,
+    /// Its input's mean value size (JsonConverter JSON, the schema in every value).
+    pub message_bytes: f64,
+    /// Rows per second from its first rows to its last.
+    pub rows_per_second: f64,
+    /// That span.
+    pub seconds: f64,
+    /// The JVM's CPU from its first rows to its last.
+    pub cpu_seconds: f64,
+    /// Its cores per 10k rows/s.
+    pub cpu_cores_per_10k_rows_per_second: f64,
+    /// Its high-water mark, MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// The Kafka Connect peer, or why the run has none.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaConnectRun {
+    /// It ran.
+    Measured(KafkaConnect),
+    /// It did not: why.
+    NotMeasured(String),
+}
+
 /// Socket → row latency before the stall and over the whole run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RowLatency {
@@ -265,6 +302,8 @@ pub struct Ratios {
     pub delivered_to_rsyslog: f64,
     /// CPU per record over rsyslog's.
     pub cpu_per_record_to_rsyslog: f64,
+    /// The persister's rows/s over Kafka Connect's (none when the peer did not run).
+    pub persister_to_kafka_connect: Option<f64>,
 }
 
 /// Every scenario's figures, as the run measured them.
@@ -284,6 +323,8 @@ pub struct Scenarios {
     pub persist: Persist,
     /// The persister, draining the sample shape's topic (`bench/sample.jsonl` records).
     pub persist_sample: Persist,
+    /// The persister's peer, draining the same records as `persist`.
+    pub kafka_connect: KafkaConnectRun,
     /// PostgreSQL stalled.
     pub pg_stall: PgStall,
     /// Record shapes.
@@ -328,6 +369,10 @@ impl Results {
             delivered_to_rsyslog: x.steady.delivered_records_per_second / x.rsyslog.delivered_records_per_second,
             cpu_per_record_to_rsyslog: x.steady.agent_cpu_cores_per_10k_records_per_second
                 / x.rsyslog.cpu_cores_per_10k_records_per_second,
+            persister_to_kafka_connect: match &x.kafka_connect {
+                KafkaConnectRun::Measured(peer) => Some(x.persist.rows_per_second / peer.rows_per_second),
+                KafkaConnectRun::NotMeasured(_) => None,
+            },
         };
         let targets = targets(&scenarios, &ratios);
         Self { when, machine, command, records, size, connections, scenarios, ratios, targets }

@@ -18,7 +18,9 @@
 //!    and drain, RSS, sampled every 0.5 s. (Stops the stack's broker: not while tests use it.)
 //! 6. The persister drains the max-rate topic into a fresh PostgreSQL schema; rows/s from its
 //!    first row to its last, its CPU and RSS; rows counted in PostgreSQL; the bytes a row takes
-//!    (heap, TOAST, indexes). Then the same for the sample shape's topic.
+//!    (heap, TOAST, indexes). Then its peer: Kafka Connect standalone with Debezium's JDBC sink
+//!    stores the same records (as JsonConverter rows on a topic of its own;
+//!    `run/kafka_connect.rs`); rows/s side by side. Then the persister on the sample shape's topic.
 //! 7. PostgreSQL stalled: agent + persister at RATE records/s; AROUND seconds in, every insert
 //!    into `logs` waits (a statement-level trigger looping on `pg_sleep` while a flag row
 //!    exists) for OUTAGE seconds. Write latency, socket → row latency (before the stall and
@@ -49,6 +51,7 @@ use std::time::Duration;
 use sluice::telemetry;
 use sluice::telemetry::scrape::Scrape;
 
+mod kafka_connect;
 mod scenarios;
 
 use super::host::{clock_ticks, machine, now};
@@ -520,6 +523,8 @@ impl Bench {
         self.write_json("outage.json", &outage)?;
         let persist = self.persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0).await?;
         self.write_json("persist.json", &persist)?;
+        let kafka_connect = self.kafka_connect(s.records, &padded, persist.writers).await?;
+        self.write_json("kafka_connect.json", &kafka_connect)?;
         let (sample_topic, sample_bytes) = sample_topic.ok_or_else(|| failed("the sample shape did not run"))?;
         let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes).await?;
         self.write_json("persist_sample.json", &persist_sample)?;
@@ -542,6 +547,7 @@ impl Bench {
                 outage,
                 persist,
                 persist_sample,
+                kafka_connect,
                 pg_stall,
                 shapes,
                 pod,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::LoadResult;
-use super::report::Results;
+use super::report::{KafkaConnectRun, Results};
 use super::targets::{Goal, Target, Unit};
 
 /// Rounded to one decimal (and printed without a trailing `.0`).
@@ -160,6 +160,12 @@ pub fn summary(results: &Results) -> String {
         latency(&stall.load)
     ));
     line(format!("| persister, draining the max-rate topic (rows committed) | {} | | |", k(x.persist.rows_per_second)));
+    if let KafkaConnectRun::Measured(peer) = &x.kafka_connect {
+        line(format!(
+            "| Kafka Connect + JDBC sink, the same records (rows committed) | {} | | |",
+            k(peer.rows_per_second)
+        ));
+    }
     line(String::new());
     line(format!(
         "- Ingest vs its ceiling: {}%; delivered vs the shipping ceiling: {}%.",
@@ -223,6 +229,24 @@ pub fn summary(results: &Results) -> String {
         round_to(persist.persister_cpu_cores_per_10k_rows_per_second, 3),
         r(persist.persister_peak_rss_mib)
     ));
+    line(match &x.kafka_connect {
+        KafkaConnectRun::Measured(peer) => format!(
+            "- Its peer, {} ({} tasks, upsert on the same key, batch.size = max.poll.records = {}; the same records as JsonConverter JSON of {} B with the schema in each, on a topic of its own: it cannot read Sluice's): {} rows/s ({} rows in {} s), {} cores per 10k rows/s, peak RSS {} MiB; the persister {}×.",
+            peer.version,
+            peer.tasks,
+            peer.batch_size,
+            peer.message_bytes.round(),
+            k(peer.rows_per_second),
+            peer.rows_in_postgres,
+            r(peer.seconds),
+            round_to(peer.cpu_cores_per_10k_rows_per_second, 3),
+            r(peer.peak_rss_mib),
+            results.ratios.persister_to_kafka_connect.map_or("—".into(), |ratio| round_to(ratio, 2))
+        ),
+        KafkaConnectRun::NotMeasured(why) => {
+            format!("- Its peer, Kafka Connect with a JDBC sink: not measured ({why}).")
+        }
+    });
     let sample = &x.persist_sample;
     line(format!(
         "- PostgreSQL bytes per row (heap + TOAST + indexes): {} B for {} records (mean {} B), {} B for sample records (mean {} B; {} rows/s).",

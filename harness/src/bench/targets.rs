@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::report::{Ratios, Scenarios};
+use super::report::{KafkaConnectRun, Ratios, Scenarios};
 
 /// Which way a figure must go.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
@@ -148,12 +148,18 @@ pub fn targets(x: &Scenarios, ratios: &Ratios) -> Vec<Target> {
             format!("{} writers, {} rows", x.persist.writers, x.persist.rows_in_postgres),
         ),
         Target::new(
-            "persister / Kafka Connect with a JDBC sink",
-            None,
+            "persister / Kafka Connect with a JDBC sink (same records, rows/s)",
+            ratios.persister_to_kafka_connect,
             AtLeast,
             10.0,
             Unit::Ratio,
-            "not measured: the Kafka Connect peer is not in the benchmark yet".into(),
+            match &x.kafka_connect {
+                KafkaConnectRun::Measured(peer) => format!(
+                    "{:.0} against {:.0} rows/s ({}, {} tasks, upsert)",
+                    x.persist.rows_per_second, peer.rows_per_second, peer.version, peer.tasks
+                ),
+                KafkaConnectRun::NotMeasured(why) => format!("not measured: {why}"),
+            },
         ),
     ];
     for persist in [&x.persist, &x.persist_sample] {

@@ -68,6 +68,10 @@ enum Command {
         /// Runs.
         #[arg(long, default_value_t = 1)]
         repeat: u32,
+        /// After each run, Kafka Connect with a JDBC sink on the same records (its jars in
+        /// `SLUICE_KAFKA_CONNECT_LIB`, which `scripts/bench` fetches).
+        #[arg(long)]
+        kafka_connect: bool,
     },
     /// scripts/bench-pod: one sidecar's cost — CPU, wake-ups, RSS — idle, at 1k and 10k records/s.
     Pod {
@@ -98,8 +102,8 @@ async fn main() -> ExitCode {
         Command::Spool { records, outage, rate } => {
             spool::run(&spool::Settings { records, outage, rate }, &root, &services).await.map_err(anyhow::Error::from)
         }
-        Command::Persist { records, topic, sample, repeat } => {
-            persist_alone(records, topic, sample, repeat, &root, services).await
+        Command::Persist { records, topic, sample, repeat, kafka_connect } => {
+            persist_alone(records, topic, (sample, kafka_connect), repeat, &root, services).await
         }
         Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
@@ -142,7 +146,7 @@ async fn bench(
 async fn persist_alone(
     records: u64,
     topic: Option<String>,
-    sample: bool,
+    (sample, kafka_connect): (bool, bool),
     repeat: u32,
     root: &std::path::Path,
     services: sluice_harness::Services,
@@ -153,7 +157,7 @@ async fn persist_alone(
         (sluice_harness::bench::Shape::Padded(256), "256 B")
     };
     let bench = run::Bench::new(run::Settings::new(true, &[], Vec::new()), root, services).await?;
-    let outcome = bench.persister_alone(records, topic, &shape, label, repeat).await;
+    let outcome = bench.persister_alone(records, topic, &shape, label, repeat, kafka_connect).await;
     bench.cleanup().await;
     #[expect(clippy::print_stdout, reason = "the figures are the command's output")]
     {

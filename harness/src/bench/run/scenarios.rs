@@ -13,7 +13,8 @@ use super::super::Shape;
 use super::super::host::{cpu_ticks, hwm_kib, now, rss_kib, rsyslog_version};
 use super::super::kafka::{self, ProducerResult};
 use super::super::report::{
-    FixedRate, MaxRate, Outage, Persist, PgStall, RowLatency, Rsyslog, RsyslogCounts, RsyslogRss, RunRss, Span,
+    FixedRate, KafkaConnectRun, MaxRate, Outage, Persist, PgStall, RowLatency, Rsyslog, RsyslogCounts, RsyslogRss,
+    RunRss, Span,
 };
 use super::{
     Bench, RSYSLOGD, RunError, SCRAPE_TIMEOUT, STOP_LIMIT, Sampler, alive, blocking, bucket_latency, failed, io, log,
@@ -52,6 +53,7 @@ impl Bench {
         shape: &Shape,
         shape_label: &str,
         repeat: u32,
+        kafka_connect: bool,
     ) -> Result<String, RunError> {
         let topic = match topic {
             Some(topic) => topic,
@@ -78,6 +80,19 @@ impl Bench {
                 run.persister_peak_rss_mib,
                 run.bytes_per_row
             ));
+            if kafka_connect {
+                out.push_str(&match self.kafka_connect(records, shape, run.writers).await? {
+                    KafkaConnectRun::Measured(peer) => format!(
+                        "  {}: {:.0} rows/s, {:.3} cores per 10k rows/s, peak RSS {:.1} MiB; the persister {:.2}×\n",
+                        peer.version,
+                        peer.rows_per_second,
+                        peer.cpu_cores_per_10k_rows_per_second,
+                        peer.peak_rss_mib,
+                        run.rows_per_second / peer.rows_per_second
+                    ),
+                    KafkaConnectRun::NotMeasured(why) => format!("  Kafka Connect: not measured ({why})\n"),
+                });
+            }
         }
         Ok(out)
     }

@@ -1,0 +1,226 @@
+//! The persister's peer (scenario 6b): Kafka Connect standalone with Debezium's JDBC sink
+//! connector storing the same records into PostgreSQL, rows/s side by side with the persister.
+//!
+//! The sink cannot read Sluice's topic as it is (a JDBC sink needs typed fields: a Connect
+//! schema; Sluice's values are its envelopes, nested JSON without one), so it gets the same
+//! records as flat rows in JsonConverter's JSON, the schema in every value (no schema registry
+//! here), on a topic of its own, written before it starts. Its table has the persister's key (agent, seq,
+//! ingest time) and indexes (BRIN on ingest time, (namespace, pod)), and it upserts on that key
+//! as the persister's idempotent path does; it runs as many tasks as the persister has writers,
+//! with the sink's and the consumers' default batches (`BATCH`) and PostgreSQL's driver
+//! rewriting batched inserts into multi-row ones (`reWriteBatchedInserts`). By hand on 1M of
+//! these rows (2026-12-04, 2 tasks): batches of 500 39.8k rows/s, of 5,000 37.7–40.9k; plain
+//! inserts instead of upserts (not idempotent) 44.6k; 4 tasks 30.5k (2 cores).
+//!
+//! Owns: the peer's input, its configuration, its process and its figures. Must not: run
+//! without the jars `scripts/bench` fetches (`SLUICE_KAFKA_CONNECT_LIB`; without them the run
+//! says "not measured" and why), or leave the JVM running.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use super::super::Shape;
+use super::super::host::{cpu_ticks, hwm_kib, now};
+use super::super::kafka;
+use super::super::report::{KafkaConnect, KafkaConnectRun};
+use super::{Bench, RunError, blocking, failed, io, log, random};
+use crate::Process;
+
+/// Where `scripts/bench` put Kafka Connect's, the sink's and the driver's jars.
+pub const LIB_ENV: &str = "SLUICE_KAFKA_CONNECT_LIB";
+
+/// The sink's `batch.size` and the consumers' `max.poll.records`: both defaults (5,000 was no
+/// faster).
+const BATCH: u64 = 500;
+
+/// The jar in `lib` whose name is `artifact-VERSION.jar`: its version.
+fn jar_version(lib: &Path, artifact: &str) -> Option<String> {
+    let prefix = format!("{artifact}-");
+    std::fs::read_dir(lib).ok()?.flatten().find_map(|entry| {
+        let name = entry.file_name().into_string().ok()?;
+        let version = name.strip_prefix(&prefix)?.strip_suffix(".jar")?;
+        version.starts_with(|c: char| c.is_ascii_digit()).then(|| version.to_string())
+    })
+}
+
+impl Bench {
+    /// Kafka Connect storing `records` records of `shape` with `tasks` tasks; "not measured"
+    /// when its jars are not there.
+    pub(super) async fn kafka_connect(
+        &self,
+        records: u64,
+        shape: &Shape,
+        tasks: u64,
+    ) -> Result<KafkaConnectRun, RunError> {
+        let Some(lib) = std::env::var_os(LIB_ENV).map(PathBuf::from).filter(|lib| lib.is_dir()) else {
+            return Ok(KafkaConnectRun::NotMeasured(format!(
+                "{LIB_ENV} is not set to its jars (scripts/bench fetches them)"
+            )));
+        };
+        let (Some(connect), Some(sink)) =
+            (jar_version(&lib, "connect-runtime"), jar_version(&lib, "debezium-connector-jdbc"))
+        else {
+            return Ok(KafkaConnectRun::NotMeasured(format!(
+                "no connect-runtime or debezium-connector-jdbc jar in {}",
+                lib.display()
+            )));
+        };
+        let version = format!("Kafka Connect {connect}, Debezium JDBC sink {sink}");
+        let topic = format!("bench-kafka-connect-{}-{}", self.stamp, random());
+        let schema = self.new_schema();
+        let table = format!("{schema}.kafka_connect_rows");
+        log(&format!("{version}: {records} records from {topic} into {table}"));
+        let (brokers, name, input) = (self.services.kafka.clone(), topic.clone(), shape.clone());
+        let message_bytes = blocking(move || kafka::kafka_connect_input(&brokers, &name, records, &input)).await?;
+        self.sql(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {table} (
+                 agent uuid NOT NULL, seq bigint NOT NULL, ingest_time timestamptz NOT NULL, level text,
+                 format text NOT NULL, pod_namespace text, pod_name text, record json NOT NULL,
+                 PRIMARY KEY (agent, seq, ingest_time));
+             CREATE INDEX ON {table} USING brin (ingest_time);
+             CREATE INDEX ON {table} (pod_namespace, pod_name);"
+        ))
+        .await?;
+
+        let dir = self.work.path().join(format!("kafka-connect-{}", random()));
+        std::fs::create_dir_all(&dir).map_err(io("making Kafka Connect's work dir"))?;
+        let worker = dir.join("worker.properties");
+        let connector = dir.join("sink.properties");
+        std::fs::write(&worker, self.worker_properties(&dir)).map_err(io("writing worker.properties"))?;
+        std::fs::write(&connector, self.sink_properties(&topic, &table, tasks)?)
+            .map_err(io("writing sink.properties"))?;
+        let mut command = std::process::Command::new("java");
+        command
+            .arg("-Xmx1g")
+            .arg("-cp")
+            .arg(format!("{}/*", lib.display()))
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                self.root.join("scripts/kafka-connect/log4j2.properties").display()
+            ))
+            .arg("org.apache.kafka.connect.cli.ConnectStandalone")
+            .arg(&worker)
+            .arg(&connector);
+        let started = now();
+        let mut peer = Process::start("kafka-connect", command, &dir);
+        let measured = self.wait_table_rows(&mut peer, &table, records, Duration::from_secs(600)).await;
+        let pid = peer.pid();
+        let (cpu_at_last, peak_rss) = (cpu_ticks(pid), hwm_kib(pid));
+        // Killed, not stopped: it has stored every row it will be asked for, and Connect's
+        // graceful stop can wait on a task's consumer for minutes (seen with 4 tasks).
+        peer.kill();
+        let (first, first_rows, cpu_at_first, last) = measured?;
+        let row = self.db.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await?;
+        let rows = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        self.sql(&format!("DROP SCHEMA {schema} CASCADE")).await?;
+        if rows != records {
+            return Err(failed(format!("Kafka Connect stored {rows} rows for {records} records")));
+        }
+        // Every row in the first count (a smoke run's few records): the span from the JVM's
+        // start, which understates the rate, rather than none.
+        let (seconds, rate) = if first_rows < records && last > first {
+            (last - first, (records - first_rows) as f64 / (last - first))
+        } else {
+            (last - started, records as f64 / (last - started))
+        };
+        let cpu = cpu_at_last.saturating_sub(cpu_at_first) as f64 / self.ticks as f64;
+        Ok(KafkaConnectRun::Measured(KafkaConnect {
+            version,
+            records,
+            rows_in_postgres: rows,
+            tasks,
+            batch_size: BATCH,
+            message_bytes,
+            rows_per_second: rate,
+            seconds,
+            cpu_seconds: cpu,
+            cpu_cores_per_10k_rows_per_second: (cpu / seconds) / (rate / 10_000.0),
+            peak_rss_mib: peak_rss as f64 / 1024.0,
+        }))
+    }
+
+    fn worker_properties(&self, dir: &Path) -> String {
+        format!(
+            "bootstrap.servers={kafka}
+key.converter=org.apache.kafka.connect.storage.StringConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=true
+offset.storage.file.filename={offsets}
+listeners=http://127.0.0.1:0
+plugin.discovery=only_scan
+consumer.auto.offset.reset=earliest
+consumer.max.poll.records={BATCH}
+",
+            kafka = self.services.kafka,
+            offsets = dir.join("offsets").display(),
+        )
+    }
+
+    fn sink_properties(&self, topic: &str, table: &str, tasks: u64) -> Result<String, RunError> {
+        let pg = tokio_postgres::Config::from_str(&self.services.pg)?;
+        let host = pg.get_hosts().iter().find_map(|host| match host {
+            tokio_postgres::config::Host::Tcp(host) => Some(host.clone()),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(_) => None,
+        });
+        let host = host.ok_or_else(|| failed("SLUICE_TEST_PG names no TCP host for Kafka Connect's JDBC URL"))?;
+        let port = pg.get_ports().first().copied().unwrap_or(5432);
+        let database = pg.get_dbname().unwrap_or("postgres");
+        let user = pg.get_user().unwrap_or("postgres");
+        let password = pg.get_password().map(String::from_utf8_lossy).unwrap_or_default();
+        Ok(format!(
+            "name=sluice-bench-sink
+connector.class=io.debezium.connector.jdbc.JdbcSinkConnector
+tasks.max={tasks}
+topics={topic}
+connection.url=jdbc:postgresql://{host}:{port}/{database}?stringtype=unspecified&reWriteBatchedInserts=true
+connection.username={user}
+connection.password={password}
+insert.mode=upsert
+primary.key.mode=record_value
+primary.key.fields=agent,seq,ingest_time
+schema.evolution=none
+collection.name.format={table}
+batch.size={BATCH}
+"
+        ))
+    }
+
+    /// Waits until `table` holds `expected` rows (counted every 250 ms): when the first rows
+    /// showed, how many, the peer's CPU ticks then, and when the last rows showed.
+    async fn wait_table_rows(
+        &self,
+        peer: &mut Process,
+        table: &str,
+        expected: u64,
+        limit: Duration,
+    ) -> Result<(f64, u64, u64, f64), RunError> {
+        let deadline = now() + limit.as_secs_f64();
+        let count = format!("SELECT count(*) FROM {table}");
+        let mut first = None;
+        loop {
+            let row = self.db.query_one(&count, &[]).await?;
+            let rows = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+            if first.is_none() && rows > 0 {
+                first = Some((now(), rows, cpu_ticks(peer.pid())));
+            }
+            if rows >= expected {
+                let (at, first_rows, cpu) = first.unwrap_or((now(), rows, cpu_ticks(peer.pid())));
+                return Ok((at, first_rows, cpu, now()));
+            }
+            if now() > deadline {
+                return Err(failed(format!(
+                    "Kafka Connect stored {rows} of {expected} rows within {} s\n{}",
+                    limit.as_secs(),
+                    peer.log_tail(10)
+                )));
+            }
+            if !peer.running() {
+                return Err(failed(format!("Kafka Connect exited\n{}", peer.log_tail(10))));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
