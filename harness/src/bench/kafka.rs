@@ -1,9 +1,9 @@
 //! The benchmark's Kafka side: the shipping ceiling (a raw librdkafka producer with the agent's
 //! settings), the Kafka Connect peer's input (the same records in the form its JDBC sink reads),
-//! making sure a topic exists before a timed run, and counting what a topic holds.
+//! making sure a topic exists before a timed run, counting what a topic holds and deleting one.
 //!
-//! Owns: those five calls, all blocking (librdkafka's base clients; callers run them off the
-//! async runtime). Must not: produce anything but the ceiling's envelopes and the peer's rows.
+//! Owns: those six calls, all but the deletion blocking (librdkafka's base clients; callers
+//! run them off the async runtime). Must not: produce anything but the ceiling's envelopes and the peer's rows.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,9 +124,10 @@ pub fn producer_ceiling(
     })
 }
 
-/// The Kafka Connect schema of [`kafka_connect_input`]'s rows: the columns the persister
-/// fills for these records (JsonConverter with `schemas.enable`: a JDBC sink needs typed fields,
-/// and without a schema registry every value carries its schema).
+/// The Kafka Connect schema of [`kafka_connect_input`]'s rows: the key, time, level, format,
+/// pod and record columns of the persister's rows (not its Kafka and peer columns;
+/// JsonConverter with `schemas.enable`: a JDBC sink needs typed fields, and without a schema
+/// registry every value carries its schema).
 const KAFKA_CONNECT_SCHEMA: &str = r#"{"type":"struct","name":"sluice.bench.row","optional":false,"fields":[{"field":"agent","type":"string","optional":false},{"field":"seq","type":"int64","optional":false},{"field":"ingest_time","type":"int64","name":"org.apache.kafka.connect.data.Timestamp","version":1,"optional":false},{"field":"level","type":"string","optional":true},{"field":"format","type":"string","optional":false},{"field":"pod_namespace","type":"string","optional":true},{"field":"pod_name","type":"string","optional":true},{"field":"record","type":"string","optional":false}]}"#;
 
 /// The Kafka Connect peer's input: `records` records of `shape` — the same lines the agent
@@ -140,6 +141,9 @@ pub fn kafka_connect_input(brokers: &str, topic: &str, records: u64, shape: &Sha
         .set("compression.type", "zstd")
         .set("linger.ms", "5")
         .set("batch.size", "1000000")
+        .set("enable.idempotence", "true")
+        // A broker gone: fail within 30 s rather than wait out the default 5 minutes.
+        .set("message.timeout.ms", "30000")
         .create_with_context(AckContext(Arc::clone(&acks)))?;
     let agent = uuid::Uuid::now_v7();
     let started_ms = chrono::Utc::now().timestamp_millis();
@@ -189,6 +193,18 @@ pub fn ensure_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Deletes `topic` (the Kafka Connect peer's input, ~1 KB a record). The one async call here.
+pub async fn delete_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.delete_topics(&[topic], &options).await? {
+        result.map_err(|(_, code)| rdkafka::error::KafkaError::AdminOp(code))?;
+    }
+    Ok(())
 }
 
 /// What a topic holds, read to its end.

@@ -196,7 +196,8 @@ pub struct Persist {
     pub rows_per_second: f64,
     /// That span.
     pub seconds: f64,
-    /// Persister CPU over its life.
+    /// Persister CPU from its first rows to its last (over its life until 2026-12-04; the
+    /// Kafka Connect peer's is measured over the same span).
     pub persister_cpu_seconds: f64,
     /// Its cores per 10k rows/s.
     pub persister_cpu_cores_per_10k_rows_per_second: f64,

@@ -68,8 +68,9 @@ enum Command {
         /// Runs.
         #[arg(long, default_value_t = 1)]
         repeat: u32,
-        /// After each run, Kafka Connect with a JDBC sink on the same records (its jars in
-        /// `SLUICE_KAFKA_CONNECT_LIB`, which `scripts/bench` fetches).
+        /// After each run, Kafka Connect with a JDBC sink on RECORDS records of the same shape
+        /// (made afresh: with --topic, of the shape that topic was filled with); its jars in
+        /// `SLUICE_KAFKA_CONNECT_LIB`, which `scripts/bench` fetches.
         #[arg(long)]
         kafka_connect: bool,
     },
@@ -156,12 +157,18 @@ async fn persist_alone(
     } else {
         (sluice_harness::bench::Shape::Padded(256), "256 B")
     };
-    let bench = run::Bench::new(run::Settings::new(true, &[], Vec::new()), root, services).await?;
-    let outcome = bench.persister_alone(records, topic, &shape, label, repeat, kafka_connect).await;
+    let bench = std::sync::Arc::new(run::Bench::new(run::Settings::new(true, &[], Vec::new()), root, services).await?);
+    // In a task of its own, as the whole run is: its schemas are dropped even if it panics.
+    let outcome = tokio::spawn({
+        let bench = bench.clone();
+        async move { bench.persister_alone(records, topic, &shape, label, repeat, kafka_connect).await }
+    })
+    .await;
     bench.cleanup().await;
+    let figures = outcome.map_err(|error| anyhow::anyhow!("the benchmark panicked: {error}"))??;
     #[expect(clippy::print_stdout, reason = "the figures are the command's output")]
     {
-        print!("{}", outcome?);
+        print!("{figures}");
     }
     Ok(())
 }

@@ -5,8 +5,11 @@
 //! schema; Sluice's values are its envelopes, nested JSON without one), so it gets the same
 //! records as flat rows in JsonConverter's JSON, the schema in every value (no schema registry
 //! here), on a topic of its own, written before it starts. Its table has the persister's key (agent, seq,
-//! ingest time) and indexes (BRIN on ingest time, (namespace, pod)), and it upserts on that key
-//! as the persister's idempotent path does; it runs as many tasks as the persister has writers,
+//! ingest time) and indexes (BRIN on ingest time, (namespace, pod)) — not its day partitions,
+//! lz4 or the Kafka and peer columns — and it upserts on that key (`ON CONFLICT DO UPDATE`):
+//! the same guarantee as the persister's idempotent path (a binary COPY, and for a batch
+//! holding a record already stored, staging + `INSERT … ON CONFLICT DO NOTHING`): a row per
+//! record however often it comes. It runs as many tasks as the persister has writers,
 //! with the sink's and the consumers' default batches (`BATCH`) and PostgreSQL's driver
 //! rewriting batched inserts into multi-row ones (`reWriteBatchedInserts`). By hand on 1M of
 //! these rows (2026-12-04, 2 tasks): batches of 500 39.8k rows/s, of 5,000 37.7–40.9k; plain
@@ -29,6 +32,10 @@ use crate::Process;
 
 /// Where `scripts/bench` put Kafka Connect's, the sink's and the driver's jars.
 pub const LIB_ENV: &str = "SLUICE_KAFKA_CONNECT_LIB";
+
+/// How often its table's rows are counted: a count is a scan of the table (~370 MB at 1M
+/// rows) on the machine's two cores, so not as often as the persister's counter is read.
+const PROBE: Duration = Duration::from_secs(1);
 
 /// The sink's `batch.size` and the consumers' `max.poll.records`: both defaults (5,000 was no
 /// faster).
@@ -66,12 +73,32 @@ impl Bench {
                 lib.display()
             )));
         };
+        let java = std::process::Command::new("java").arg("-version").output();
+        if !java.as_ref().is_ok_and(|out| out.status.success()) {
+            return Ok(KafkaConnectRun::NotMeasured("no `java` to run it (Java 17 or newer)".into()));
+        }
         let version = format!("Kafka Connect {connect}, Debezium JDBC sink {sink}");
         let topic = format!("bench-kafka-connect-{}-{}", self.stamp, random());
+        let measured = self.kafka_connect_on(&lib, version, &topic, (records, shape, tasks)).await;
+        // Its input is ~1 KB a record: not left for the broker's retention.
+        if let Err(error) = kafka::delete_topic(&self.services.kafka, &topic).await {
+            log(&format!("could not delete {topic}: {error}"));
+        }
+        measured
+    }
+
+    /// [`Bench::kafka_connect`] with its jars in `lib`, its input in `topic`.
+    async fn kafka_connect_on(
+        &self,
+        lib: &Path,
+        version: String,
+        topic: &str,
+        (records, shape, tasks): (u64, &Shape, u64),
+    ) -> Result<KafkaConnectRun, RunError> {
         let schema = self.new_schema();
         let table = format!("{schema}.kafka_connect_rows");
         log(&format!("{version}: {records} records from {topic} into {table}"));
-        let (brokers, name, input) = (self.services.kafka.clone(), topic.clone(), shape.clone());
+        let (brokers, name, input) = (self.services.kafka.clone(), topic.to_string(), shape.clone());
         let message_bytes = blocking(move || kafka::kafka_connect_input(&brokers, &name, records, &input)).await?;
         self.sql(&format!(
             "CREATE SCHEMA {schema};
@@ -89,7 +116,7 @@ impl Bench {
         let worker = dir.join("worker.properties");
         let connector = dir.join("sink.properties");
         std::fs::write(&worker, self.worker_properties(&dir)).map_err(io("writing worker.properties"))?;
-        std::fs::write(&connector, self.sink_properties(&topic, &table, tasks)?)
+        std::fs::write(&connector, self.sink_properties(topic, &table, tasks)?)
             .map_err(io("writing sink.properties"))?;
         let mut command = std::process::Command::new("java");
         command
@@ -170,8 +197,11 @@ consumer.max.poll.records={BATCH}
         let database = pg.get_dbname().unwrap_or("postgres");
         let user = pg.get_user().unwrap_or("postgres");
         let password = pg.get_password().map(String::from_utf8_lossy).unwrap_or_default();
+        // Its own consumer group each run: a killed run's members would hold the next one in a
+        // rebalance until their session timed out.
+        let name = random();
         Ok(format!(
-            "name=sluice-bench-sink
+            "name=sluice-bench-sink-{name}
 connector.class=io.debezium.connector.jdbc.JdbcSinkConnector
 tasks.max={tasks}
 topics={topic}
@@ -188,8 +218,9 @@ batch.size={BATCH}
         ))
     }
 
-    /// Waits until `table` holds `expected` rows (counted every 250 ms): when the first rows
-    /// showed, how many, the peer's CPU ticks then, and when the last rows showed.
+    /// Waits until `table` holds `expected` rows (counted every [`PROBE`]): when the first rows
+    /// showed, how many, the peer's CPU ticks then, and when the last rows showed; fails at
+    /// once when the peer exits or logs an error (a failed task would leave it idling).
     async fn wait_table_rows(
         &self,
         peer: &mut Process,
@@ -201,14 +232,21 @@ batch.size={BATCH}
         let count = format!("SELECT count(*) FROM {table}");
         let mut first = None;
         loop {
+            // The count sees the rows committed when it started.
+            let (at, cpu) = (now(), cpu_ticks(peer.pid()));
             let row = self.db.query_one(&count, &[]).await?;
             let rows = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
             if first.is_none() && rows > 0 {
-                first = Some((now(), rows, cpu_ticks(peer.pid())));
+                first = Some((at, rows, cpu));
             }
             if rows >= expected {
-                let (at, first_rows, cpu) = first.unwrap_or((now(), rows, cpu_ticks(peer.pid())));
-                return Ok((at, first_rows, cpu, now()));
+                let (first_at, first_rows, first_cpu) = first.unwrap_or((at, rows, cpu));
+                return Ok((first_at, first_rows, first_cpu, at));
+            }
+            let log = peer.log_text();
+            let errors: Vec<&str> = log.lines().filter(|line| line.contains("] ERROR ")).take(5).collect();
+            if !errors.is_empty() {
+                return Err(failed(format!("Kafka Connect logged errors:\n{}", errors.join("\n"))));
             }
             if now() > deadline {
                 return Err(failed(format!(
@@ -220,7 +258,7 @@ batch.size={BATCH}
             if !peer.running() {
                 return Err(failed(format!("Kafka Connect exited\n{}", peer.log_tail(10))));
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(PROBE).await;
         }
     }
 }

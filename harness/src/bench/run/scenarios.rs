@@ -327,9 +327,10 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         log(&format!("persister: {records} records from {topic} into PostgreSQL schema {schema}"));
         let config = self.persister_config(topic, &schema);
         let mut persister = start_persister(&config).await;
-        let (first, first_rows, last) = Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
+        let (first, first_rows, cpu_at_first, last) =
+            Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
         let pid = persister.pid();
-        let cpu = cpu_ticks(pid);
+        let cpu = cpu_ticks(pid).saturating_sub(cpu_at_first);
         let peak_rss = hwm_kib(pid);
         let shown = sluice::admin::client::get(persister.admin(), "/config", SCRAPE_TIMEOUT)
             .await
@@ -434,7 +435,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         self.sql(&format!("DROP TRIGGER bench_stall ON {schema}.log_rows")).await?;
         let load = load.await.map_err(|error| failed(format!("the load panicked: {error}")))??;
         Self::wait_settled(admin, records, Duration::from_secs(300)).await?;
-        let (_, _, caught_up) = Self::wait_rows(&mut persister, records, Duration::from_secs(300)).await?;
+        let (_, _, _, caught_up) = Self::wait_rows(&mut persister, records, Duration::from_secs(300)).await?;
         tokio::time::sleep(Duration::from_millis(600)).await;
         let samples = sampler.finish().await;
         let mut counts = self.verify(admin, &topic, records).await?;
