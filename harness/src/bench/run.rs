@@ -149,6 +149,66 @@ fn log(message: &str) {
     eprintln!("[bench] {message}");
 }
 
+/// A writer draining a topic into PostgreSQL (the persister, its Kafka Connect peer), as its
+/// rows were counted: when the first showed, how many, the writer's CPU ticks then, and when
+/// the last showed.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    first_at: f64,
+    first_rows: u64,
+    first_cpu: u64,
+    last_at: f64,
+}
+
+/// Follows a writer's row count until it reaches what is expected.
+#[derive(Default)]
+struct DrainWatch {
+    first: Option<(f64, u64, u64)>,
+}
+
+impl DrainWatch {
+    /// `rows` counted at `at` with the writer's CPU at `cpu` ticks: the drain once `expected`.
+    fn observe(&mut self, at: f64, rows: u64, cpu: u64, expected: u64) -> Option<Drain> {
+        if self.first.is_none() && rows > 0 {
+            self.first = Some((at, rows, cpu));
+        }
+        (rows >= expected).then(|| {
+            let (first_at, first_rows, first_cpu) = self.first.unwrap_or((at, rows, cpu));
+            Drain { first_at, first_rows, first_cpu, last_at: at }
+        })
+    }
+}
+
+/// A drain's figures: its span, rows/s, the writer's CPU seconds and cores per 10k rows/s.
+#[derive(Debug, Clone, Copy)]
+struct DrainFigures {
+    seconds: f64,
+    rows_per_second: f64,
+    cpu_seconds: f64,
+    cores_per_10k_rows_per_second: f64,
+}
+
+impl Drain {
+    /// The figures for `records` rows, the writer at `cpu_at_last` ticks when the last showed
+    /// (`ticks` a second). Rows/s and CPU from the first rows to the last; when every row was
+    /// in the first count (a smoke run's few records), rows/s over the span from `started`
+    /// (the writer's start), which understates it, rather than none.
+    fn figures(&self, records: u64, started: f64, cpu_at_last: u64, ticks: u64) -> DrainFigures {
+        let (seconds, rows_per_second) = if self.first_rows < records && self.last_at > self.first_at {
+            (self.last_at - self.first_at, (records - self.first_rows) as f64 / (self.last_at - self.first_at))
+        } else {
+            (self.last_at - started, records as f64 / (self.last_at - started))
+        };
+        let cpu_seconds = cpu_at_last.saturating_sub(self.first_cpu) as f64 / ticks as f64;
+        DrainFigures {
+            seconds,
+            rows_per_second,
+            cpu_seconds,
+            cores_per_10k_rows_per_second: (cpu_seconds / seconds) / (rows_per_second / 10_000.0),
+        }
+    }
+}
+
 /// A short random number, as bash's `$RANDOM` made topic names unique.
 fn random() -> u32 {
     use std::sync::atomic::AtomicU32;
@@ -387,25 +447,17 @@ impl Bench {
         }
     }
 
-    /// Waits until the persister has written `expected` rows: when the first rows showed, how
-    /// many, its CPU ticks then, and when the last rows showed.
-    async fn wait_rows(
-        persister: &mut Process,
-        expected: u64,
-        limit: Duration,
-    ) -> Result<(f64, u64, u64, f64), RunError> {
+    /// Waits until the persister has written `expected` rows (its own counter, read every
+    /// 50 ms).
+    async fn wait_rows(persister: &mut Process, expected: u64, limit: Duration) -> Result<Drain, RunError> {
         let admin = persister.admin();
         let deadline = now() + limit.as_secs_f64();
-        let mut first = None;
+        let mut watch = DrainWatch::default();
         loop {
             let (at, cpu) = (now(), super::host::cpu_ticks(persister.pid()));
             let rows = metric_sum(admin, &[telemetry::PERSIST_ROWS]).await;
-            if first.is_none() && rows > 0 {
-                first = Some((at, rows, cpu));
-            }
-            if rows >= expected {
-                let (first_at, first_rows, first_cpu) = first.unwrap_or((at, rows, cpu));
-                return Ok((first_at, first_rows, first_cpu, now()));
+            if let Some(drain) = watch.observe(at, rows, cpu, expected) {
+                return Ok(drain);
             }
             if now() > deadline {
                 return Err(failed(format!(
@@ -590,5 +642,29 @@ impl Bench {
             return Err(failed(format!("scripts/bench-plot.py failed: {status}")));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_is_timed_from_its_first_rows_to_its_last_and_its_cpu_over_that_span() {
+        let mut watch = DrainWatch::default();
+        assert!(watch.observe(1.0, 0, 5, 1000).is_none(), "no rows yet");
+        assert!(watch.observe(2.0, 100, 10, 1000).is_none());
+        let drain = watch.observe(11.0, 1000, 0, 1000).expect("every row");
+        let figures = drain.figures(1000, 0.0, 100, 100);
+        assert_eq!((figures.seconds, figures.rows_per_second, figures.cpu_seconds), (9.0, 100.0, 0.9));
+        assert!((figures.cores_per_10k_rows_per_second - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_drain_whose_every_row_was_in_the_first_count_is_timed_from_the_writers_start() {
+        let mut watch = DrainWatch::default();
+        let drain = watch.observe(4.0, 500, 7, 500).expect("every row at once");
+        let figures = drain.figures(500, 2.0, 7, 100);
+        assert_eq!((figures.seconds, figures.rows_per_second), (2.0, 250.0));
     }
 }

@@ -27,7 +27,7 @@ use super::super::Shape;
 use super::super::host::{cpu_ticks, hwm_kib, now};
 use super::super::kafka;
 use super::super::report::{KafkaConnect, KafkaConnectRun};
-use super::{Bench, RunError, blocking, failed, io, log, random};
+use super::{Bench, Drain, DrainWatch, RunError, blocking, failed, io, log, random};
 use crate::Process;
 
 /// Where `scripts/bench` put Kafka Connect's, the sink's and the driver's jars.
@@ -138,21 +138,14 @@ impl Bench {
         // Killed, not stopped: it has stored every row it will be asked for, and Connect's
         // graceful stop can wait on a task's consumer for minutes (seen with 4 tasks).
         peer.kill();
-        let (first, first_rows, cpu_at_first, last) = measured?;
+        let drain = measured?;
         let row = self.db.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await?;
         let rows = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
         self.sql(&format!("DROP SCHEMA {schema} CASCADE")).await?;
         if rows != records {
             return Err(failed(format!("Kafka Connect stored {rows} rows for {records} records")));
         }
-        // Every row in the first count (a smoke run's few records): the span from the JVM's
-        // start, which understates the rate, rather than none.
-        let (seconds, rate) = if first_rows < records && last > first {
-            (last - first, (records - first_rows) as f64 / (last - first))
-        } else {
-            (last - started, records as f64 / (last - started))
-        };
-        let cpu = cpu_at_last.saturating_sub(cpu_at_first) as f64 / self.ticks as f64;
+        let figures = drain.figures(records, started, cpu_at_last, self.ticks);
         Ok(KafkaConnectRun::Measured(KafkaConnect {
             version,
             records,
@@ -160,10 +153,10 @@ impl Bench {
             tasks,
             batch_size: BATCH,
             message_bytes,
-            rows_per_second: rate,
-            seconds,
-            cpu_seconds: cpu,
-            cpu_cores_per_10k_rows_per_second: (cpu / seconds) / (rate / 10_000.0),
+            rows_per_second: figures.rows_per_second,
+            seconds: figures.seconds,
+            cpu_seconds: figures.cpu_seconds,
+            cpu_cores_per_10k_rows_per_second: figures.cores_per_10k_rows_per_second,
             peak_rss_mib: peak_rss as f64 / 1024.0,
         }))
     }
@@ -218,30 +211,25 @@ batch.size={BATCH}
         ))
     }
 
-    /// Waits until `table` holds `expected` rows (counted every [`PROBE`]): when the first rows
-    /// showed, how many, the peer's CPU ticks then, and when the last rows showed; fails at
-    /// once when the peer exits or logs an error (a failed task would leave it idling).
+    /// Waits until `table` holds `expected` rows (counted every [`PROBE`]); fails at once
+    /// when the peer exits or logs an error (a failed task would leave it idling).
     async fn wait_table_rows(
         &self,
         peer: &mut Process,
         table: &str,
         expected: u64,
         limit: Duration,
-    ) -> Result<(f64, u64, u64, f64), RunError> {
+    ) -> Result<Drain, RunError> {
         let deadline = now() + limit.as_secs_f64();
         let count = format!("SELECT count(*) FROM {table}");
-        let mut first = None;
+        let mut watch = DrainWatch::default();
         loop {
             // The count sees the rows committed when it started.
             let (at, cpu) = (now(), cpu_ticks(peer.pid()));
             let row = self.db.query_one(&count, &[]).await?;
             let rows = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-            if first.is_none() && rows > 0 {
-                first = Some((at, rows, cpu));
-            }
-            if rows >= expected {
-                let (first_at, first_rows, first_cpu) = first.unwrap_or((at, rows, cpu));
-                return Ok((first_at, first_rows, first_cpu, at));
+            if let Some(drain) = watch.observe(at, rows, cpu, expected) {
+                return Ok(drain);
             }
             let log = peer.log_text();
             let errors: Vec<&str> = log.lines().filter(|line| line.contains("] ERROR ")).take(5).collect();

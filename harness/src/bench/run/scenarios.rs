@@ -326,11 +326,11 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         let schema = self.new_schema();
         log(&format!("persister: {records} records from {topic} into PostgreSQL schema {schema}"));
         let config = self.persister_config(topic, &schema);
+        let started = now();
         let mut persister = start_persister(&config).await;
-        let (first, first_rows, cpu_at_first, last) =
-            Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
+        let drain = Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
         let pid = persister.pid();
-        let cpu = cpu_ticks(pid).saturating_sub(cpu_at_first);
+        let figures = drain.figures(records, started, cpu_ticks(pid), self.ticks);
         let peak_rss = hwm_kib(pid);
         let shown = sluice::admin::client::get(persister.admin(), "/config", SCRAPE_TIMEOUT)
             .await
@@ -349,17 +349,14 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         }
         let relation_bytes = self.relation_bytes(&schema).await?;
         self.sql(&format!("DROP SCHEMA {schema} CASCADE")).await?;
-        let seconds = last - first;
-        let rate = (records - first_rows) as f64 / seconds;
-        let cpu = cpu as f64 / self.ticks as f64;
         Ok(Persist {
             records,
             rows_in_postgres: in_pg,
             writers,
-            rows_per_second: rate,
-            seconds,
-            persister_cpu_seconds: cpu,
-            persister_cpu_cores_per_10k_rows_per_second: (cpu / seconds) / (rate / 10_000.0),
+            rows_per_second: figures.rows_per_second,
+            seconds: figures.seconds,
+            persister_cpu_seconds: figures.cpu_seconds,
+            persister_cpu_cores_per_10k_rows_per_second: figures.cores_per_10k_rows_per_second,
             persister_peak_rss_mib: peak_rss as f64 / 1024.0,
             shape: shape.to_string(),
             record_bytes,
@@ -435,7 +432,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         self.sql(&format!("DROP TRIGGER bench_stall ON {schema}.log_rows")).await?;
         let load = load.await.map_err(|error| failed(format!("the load panicked: {error}")))??;
         Self::wait_settled(admin, records, Duration::from_secs(300)).await?;
-        let (_, _, _, caught_up) = Self::wait_rows(&mut persister, records, Duration::from_secs(300)).await?;
+        let caught_up = Self::wait_rows(&mut persister, records, Duration::from_secs(300)).await?.last_at;
         tokio::time::sleep(Duration::from_millis(600)).await;
         let samples = sampler.finish().await;
         let mut counts = self.verify(admin, &topic, records).await?;
