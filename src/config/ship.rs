@@ -10,13 +10,20 @@ use serde::{Deserialize, Serialize};
 
 use super::{At, ConfigError};
 
+/// `ship.linger`'s default (see [`ShipConfig::linger`]).
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
+
 /// `[ship]`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShipConfig {
     /// `compression.type`: `none`, `gzip`, `snappy`, `lz4` or `zstd`. Default `"zstd"`.
     pub compression: String,
-    /// How long librdkafka waits to fill a batch (`linger.ms`). Default `5ms`.
+    /// How long librdkafka waits to fill a batch (`linger.ms`); shorter than `delivery_timeout`.
+    /// Default `20ms`: each batch is a produce request, and at 1k–10k records/s each one costs
+    /// librdkafka's broker thread a wake-up and a compression context — at 5 ms (200 requests a
+    /// second) that thread took 40–50% of the agent's CPU at 10k records/s (docs/PERFORMANCE.md,
+    /// "Linger: 20 ms by default"). A record reaches Kafka up to this much later.
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
     /// Largest batch per partition request (`batch.size`). Default `1 MiB`.
@@ -39,7 +46,7 @@ impl Default for ShipConfig {
     fn default() -> Self {
         Self {
             compression: "zstd".into(),
-            linger: Duration::from_millis(5),
+            linger: DEFAULT_LINGER,
             batch_size: ByteSize::mib(1),
             delivery_timeout: Duration::from_secs(120),
             key: KeySource::None,
@@ -75,6 +82,16 @@ impl ShipConfig {
         }
         if self.delivery_timeout < Duration::from_secs(1) {
             return Err(at.invalid("delivery_timeout", "must be at least 1s"));
+        }
+        // librdkafka refuses `message.timeout.ms` ≤ `linger.ms`.
+        if self.linger >= self.delivery_timeout {
+            return Err(at.invalid(
+                "linger",
+                format!(
+                    "must be shorter than ship.delivery_timeout ({})",
+                    humantime::format_duration(self.delivery_timeout)
+                ),
+            ));
         }
         if self.batch_size.as_u64() == 0 || self.batch_size.as_u64() > i32::MAX as u64 {
             return Err(at.invalid("batch_size", "must be between 1 B and 2 GiB"));

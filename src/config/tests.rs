@@ -123,11 +123,11 @@ fn load_names_the_file_in_errors() {
 #[test]
 fn sizes_and_durations_read_as_people_write_them() {
     let config = Config::from_toml(
-        "[buffer]\nmax_bytes = \"16 MiB\"\n[ship]\nlinger = \"20ms\"\n[agent]\ndrain_timeout = \"1m\"\n",
+        "[buffer]\nmax_bytes = \"16 MiB\"\n[ship]\nlinger = \"50ms\"\n[agent]\ndrain_timeout = \"1m\"\n",
     )
     .expect("valid");
     assert_eq!(config.buffer.max_bytes, ByteSize::mib(16));
-    assert_eq!(config.ship.linger, Duration::from_millis(20));
+    assert_eq!(config.ship.linger, Duration::from_millis(50));
     assert_eq!(config.agent.drain_timeout, Duration::from_secs(60));
 }
 
@@ -146,6 +146,16 @@ fn rejects_limits_that_cannot_work() {
     assert_eq!(invalid_key("[agent]\nadmin_listen = \"localhost\"\n"), "agent.admin_listen");
     assert_eq!(invalid_key("[persist]\nbatch_max_records = 0\n"), "persist.batch_max_records");
     assert_eq!(invalid_key("[persist]\nbatch_max_bytes = \"100 B\"\n"), "persist.batch_max_bytes");
+}
+
+/// Cold review (issue 15): librdkafka refuses `message.timeout.ms` ≤ `linger.ms`; the config
+/// took such a pair, so the agent failed to start (exit 1, no key named) or, on a reload, kept
+/// failing to replace its producer.
+#[test]
+fn refuses_a_linger_as_long_as_the_delivery_timeout_naming_the_linger() {
+    assert_eq!(invalid_key("[ship]\nlinger = \"1s\"\ndelivery_timeout = \"1s\"\n"), "ship.linger");
+    assert_eq!(invalid_key("[ship]\nlinger = \"5m\"\n"), "ship.linger", "the default delivery_timeout is 2m");
+    Config::from_toml("[ship]\nlinger = \"999ms\"\ndelivery_timeout = \"1s\"\n").expect("shorter is fine");
 }
 
 #[test]

@@ -39,6 +39,10 @@ fn librdkafka_queue_limits_follow_the_buffer_budget() {
     // 8 MiB / 5, and 5000 / 5.
     assert_eq!(client.get("queue.buffering.max.kbytes"), Some("1640"));
     assert_eq!(client.get("queue.buffering.max.messages"), Some("1001"));
+    // A queue full of records is a full batch: it goes without waiting for the linger (a small
+    // budget otherwise capped shipping at one queue per linger).
+    assert_eq!(client.get("batch.num.messages"), Some("1001"));
+    assert_eq!(client.get("batch.size"), Some("1048576"), "ship.batch_size, below the queue's 1640 KiB");
     assert_eq!(buffer.max_bytes(), 8 * 1024 * 1024 - 8 * 1024 * 1024 / 5, "leases get the rest");
     assert_eq!(client.get("acks"), Some("all"));
     assert_eq!(client.get("enable.idempotence"), Some("true"));
@@ -61,6 +65,17 @@ fn librdkafkas_queue_and_message_limit_take_the_largest_message_a_listener_allow
     assert!(message >= largest + 1024, "message.max.bytes {message}");
     assert_eq!(buffer.max_bytes() + queue * 1024 - 1024, 2 * 1024 * 1024, "leases + librdkafka's share = the budget");
     assert!(buffer.max_bytes() >= buffer.cost(largest, 0), "the leases hold the largest message too");
+    let batch: usize = client.get("batch.size").and_then(|v| v.parse().ok()).expect("batch.size");
+    assert!(batch <= queue * 1024, "a batch ({batch} B) is never more than the queue holds ({queue} KiB)");
+}
+
+/// Cold review (issue 15): every linger the config accepts, librdkafka accepts with the
+/// delivery timeout beside it (it refuses `message.timeout.ms` ≤ `linger.ms`).
+#[test]
+fn librdkafka_takes_the_longest_linger_the_config_accepts() {
+    let config = Config::from_toml("[ship]\nlinger = \"999ms\"\ndelivery_timeout = \"1s\"\n").expect("valid");
+    let buffer = Buffer::for_config(&config);
+    producer_config(&config, &buffer).create::<rdkafka::producer::BaseProducer>().expect("librdkafka takes it");
 }
 
 /// librdkafka's default message.max.bytes (1,000,000) is below the default record limit (1 MiB)

@@ -110,7 +110,7 @@ async fn reloading_producer_settings_under_load_loses_and_duplicates_nothing() {
     let db = setup.db().await;
 
     let load = Load::start(&setup.config.socket(), &setup.topic, 2000, 2);
-    for (round, linger) in ["20ms", "1ms", "50ms"].into_iter().enumerate() {
+    for (round, linger) in ["10ms", "1ms", "50ms"].into_iter().enumerate() {
         // Each producer ships load before it is replaced.
         ships_a_second_more(admin).await;
         let compression = if round % 2 == 0 { "lz4" } else { "zstd" };

@@ -191,13 +191,14 @@ input(type="imptcp" path="{socket}" unlink="on" ruleset="tokafka")
 # A memory queue as large as the agent's record budget, batches like the agent's.
 ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeueBatchSize="1024") {{
   action(type="omkafka" broker=["{kafka}"] topic="{topic}" template="raw"
-         confParam=["acks=all", "enable.idempotence=true", "compression.codec=zstd", "linger.ms=5",
+         confParam=["acks=all", "enable.idempotence=true", "compression.codec=zstd", "linger.ms={linger}",
                     "batch.size=1000000"]
          resubmitOnFailure="on")
 }}
 "#,
             dir = dir.display(),
             socket = socket.display(),
+            linger = sluice::config::DEFAULT_LINGER.as_millis(),
             kafka = self.services.kafka,
         );
         std::fs::write(&conf, text).map_err(io("writing rsyslog.conf"))?;
