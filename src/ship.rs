@@ -114,11 +114,15 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     // broker's (topic's) `max.message.bytes` still bounds the compressed batch.
     let kbytes = buffer.librdkafka_bytes().div_ceil(1024) + 1;
     let queue_messages = buffer.max_records() / LIBRDKAFKA_SHARE + 1;
-    // A queue full of records is a full batch, sent without waiting for `linger.ms`: a small
-    // budget's queue holds fewer than librdkafka's 10,000 messages or `ship.batch_size`, and
-    // would otherwise ship at most one queue per linger.
-    let batch_bytes = config.ship.batch_size.as_u64().min(kbytes as u64 * 1024);
-    let batch_messages = queue_messages.min(10_000);
+    // Half a queue is a full batch, sent without waiting for `linger.ms` (the other half fills
+    // meanwhile): a small budget's queue holds fewer than librdkafka's 10,000 messages or
+    // `ship.batch_size`, and would otherwise ship at most one queue per linger. Per partition,
+    // as librdkafka counts them. A `batch.num.messages` set in the properties is kept.
+    let batch_bytes = config.ship.batch_size.as_u64().min(kbytes as u64 * 1024 / 2);
+    let batch_messages = (queue_messages / 2).clamp(1, 10_000);
+    if client.get("batch.num.messages").is_none() {
+        client.set("batch.num.messages", batch_messages.to_string());
+    }
     let message_max = (buffer.largest_message() + MESSAGE_FRAMING).clamp(1_000_000, 1_000_000_000);
     client
         .set("bootstrap.servers", &config.kafka.brokers)
@@ -133,7 +137,6 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("compression.type", &config.ship.compression)
         .set("linger.ms", config.ship.linger.as_millis().to_string())
         .set("batch.size", batch_bytes.to_string())
-        .set("batch.num.messages", batch_messages.to_string())
         .set("message.timeout.ms", config.ship.delivery_timeout.as_millis().to_string())
         .set("queue.buffering.max.kbytes", kbytes.to_string())
         .set("message.max.bytes", message_max.to_string())

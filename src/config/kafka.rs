@@ -70,7 +70,6 @@ pub(super) const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("linger.ms", "ship.linger"),
     ("queue.buffering.max.ms", "ship.linger"),
     ("batch.size", "ship.batch_size"),
-    ("batch.num.messages", "buffer.max_records"),
     ("group.id", "persist.group_id"),
     ("enable.auto.commit", "(managed by the persister)"),
     ("enable.auto.offset.store", "(managed by the persister)"),

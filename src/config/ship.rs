@@ -26,11 +26,12 @@ pub struct ShipConfig {
     /// "Linger: 20 ms by default"). A record reaches Kafka up to this much later.
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
-    /// Largest batch per partition request (`batch.size`). Default `1 MiB`.
+    /// Largest batch per partition request (`batch.size`), at most half of librdkafka's queue
+    /// (a fifth of `buffer.max_bytes`). Default `1 MiB`.
     pub batch_size: ByteSize,
     /// How long librdkafka may try one send before reporting it failed (`message.timeout.ms`).
     /// A record that times out is put back into the buffer and sent again, never dropped.
-    /// Default `2m`.
+    /// Between 1s and 24d, longer than `linger`. Default `2m`.
     #[serde(with = "humantime_serde")]
     pub delivery_timeout: Duration,
     /// The Kafka message key: `"none"`, `"pod_name"`, or `"field"` (the JSON record's top-level
@@ -83,8 +84,12 @@ impl ShipConfig {
         if self.delivery_timeout < Duration::from_secs(1) {
             return Err(at.invalid("delivery_timeout", "must be at least 1s"));
         }
-        // librdkafka refuses `message.timeout.ms` ≤ `linger.ms`.
-        if self.linger >= self.delivery_timeout {
+        // librdkafka takes `message.timeout.ms` up to i32::MAX and refuses it ≤ `linger.ms`, both
+        // in whole milliseconds (as they are handed over).
+        if self.delivery_timeout.as_millis() > i32::MAX as u128 {
+            return Err(at.invalid("delivery_timeout", "must be at most 24d (librdkafka's limit: 2147483647 ms)"));
+        }
+        if self.linger.as_millis() >= self.delivery_timeout.as_millis() {
             return Err(at.invalid(
                 "linger",
                 format!(

@@ -155,7 +155,15 @@ fn rejects_limits_that_cannot_work() {
 fn refuses_a_linger_as_long_as_the_delivery_timeout_naming_the_linger() {
     assert_eq!(invalid_key("[ship]\nlinger = \"1s\"\ndelivery_timeout = \"1s\"\n"), "ship.linger");
     assert_eq!(invalid_key("[ship]\nlinger = \"5m\"\n"), "ship.linger", "the default delivery_timeout is 2m");
+    assert_eq!(
+        invalid_key("[ship]\nlinger = \"1s\"\ndelivery_timeout = \"1s 500us\"\n"),
+        "ship.linger",
+        "both are whole milliseconds to librdkafka"
+    );
     Config::from_toml("[ship]\nlinger = \"999ms\"\ndelivery_timeout = \"1s\"\n").expect("shorter is fine");
+    // librdkafka's message.timeout.ms is an i32 of milliseconds (~24.8 days).
+    assert_eq!(invalid_key("[ship]\ndelivery_timeout = \"25d\"\n"), "ship.delivery_timeout");
+    Config::from_toml("[ship]\ndelivery_timeout = \"24d\"\n").expect("24 days fit");
 }
 
 #[test]

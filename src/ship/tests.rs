@@ -39,10 +39,10 @@ fn librdkafka_queue_limits_follow_the_buffer_budget() {
     // 8 MiB / 5, and 5000 / 5.
     assert_eq!(client.get("queue.buffering.max.kbytes"), Some("1640"));
     assert_eq!(client.get("queue.buffering.max.messages"), Some("1001"));
-    // A queue full of records is a full batch: it goes without waiting for the linger (a small
+    // Half a queue of records is a full batch: it goes without waiting for the linger (a small
     // budget otherwise capped shipping at one queue per linger).
-    assert_eq!(client.get("batch.num.messages"), Some("1001"));
-    assert_eq!(client.get("batch.size"), Some("1048576"), "ship.batch_size, below the queue's 1640 KiB");
+    assert_eq!(client.get("batch.num.messages"), Some("500"));
+    assert_eq!(client.get("batch.size"), Some("839680"), "half the queue's 1640 KiB, below ship.batch_size");
     assert_eq!(buffer.max_bytes(), 8 * 1024 * 1024 - 8 * 1024 * 1024 / 5, "leases get the rest");
     assert_eq!(client.get("acks"), Some("all"));
     assert_eq!(client.get("enable.idempotence"), Some("true"));
@@ -66,7 +66,14 @@ fn librdkafkas_queue_and_message_limit_take_the_largest_message_a_listener_allow
     assert_eq!(buffer.max_bytes() + queue * 1024 - 1024, 2 * 1024 * 1024, "leases + librdkafka's share = the budget");
     assert!(buffer.max_bytes() >= buffer.cost(largest, 0), "the leases hold the largest message too");
     let batch: usize = client.get("batch.size").and_then(|v| v.parse().ok()).expect("batch.size");
-    assert!(batch <= queue * 1024, "a batch ({batch} B) is never more than the queue holds ({queue} KiB)");
+    assert!(batch <= queue * 1024 / 2, "a batch ({batch} B) is at most half what the queue holds ({queue} KiB)");
+}
+
+#[test]
+fn a_batch_num_messages_set_in_the_properties_is_kept() {
+    let config = Config::from_toml("[ship.properties]\n\"batch.num.messages\" = \"77\"\n").expect("valid");
+    let client = producer_config(&config, &Buffer::for_config(&config));
+    assert_eq!(client.get("batch.num.messages"), Some("77"));
 }
 
 /// Cold review (issue 15): every linger the config accepts, librdkafka accepts with the
