@@ -100,6 +100,7 @@ impl KafkaConfig {
             }
         }
         reject_managed(at, "properties", &self.properties)?;
+        reject_refused(at, "properties", &self.properties)?;
         reject_managed(at, "properties_from_env", &self.properties_from_env)
     }
 }
@@ -109,6 +110,30 @@ pub(super) fn reject_managed(at: &At<'_>, key: &str, properties: &BTreeMap<Strin
     for property in properties.keys() {
         if let Some((_, instead)) = MANAGED_KAFKA_PROPERTIES.iter().find(|(name, _)| name == property) {
             return Err(at.invalid(&format!("{key}.\"{property}\""), format!("is managed by sluice; use {instead}")));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a pass-through property librdkafka itself would refuse (an unknown name, a value out
+/// of its range): found here, the key is named (exit 64) — found when a producer is made, the
+/// agent exited 1, or a reload was taken and every later producer failed to be made. Each
+/// property is set on a configuration of its own, as librdkafka checks them one by one; checks
+/// across properties are librdkafka's when the client is made. `plugin.*` is left to then:
+/// setting it loads the plugin.
+pub(super) fn reject_refused(at: &At<'_>, key: &str, properties: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (property, value) in properties {
+        if property.starts_with("plugin.") {
+            continue;
+        }
+        let mut client = rdkafka::ClientConfig::new();
+        client.set(property, value);
+        if let Err(error) = client.create_native_config() {
+            let why = match error {
+                rdkafka::error::KafkaError::ClientConfig(_, description, _, _) => description,
+                other => other.to_string(),
+            };
+            return Err(at.invalid(&format!("{key}.\"{property}\""), format!("is refused by librdkafka: {why}")));
         }
     }
     Ok(())

@@ -263,6 +263,19 @@ pub struct Watcher {
     hangup: tokio::signal::unix::Signal,
     /// Events in the file's folder; `None`: inotify is not available, the file is polled.
     folder: Option<inotify::EventStream<Vec<u8>>>,
+    /// The file's name in that folder: only events about it (or a ConfigMap's `..data` swap)
+    /// count.
+    name: std::ffi::OsString,
+}
+
+/// Whether an event in the config file's folder, about the entry `entry` (none: the folder
+/// itself), can have changed the file: the file itself, or a Kubernetes ConfigMap's `..data`
+/// symlink and `..<timestamp>` folders (the file is a symlink through them). Other files there —
+/// a log the process writes every few milliseconds, say — kept the folder from ever being quiet
+/// for `SETTLE`, and the file was then read at any moment, also between an editor's truncate
+/// and its write (an empty file is a valid config: every key at its default).
+pub fn concerns_the_file(entry: Option<&std::ffi::OsStr>, name: &std::ffi::OsStr) -> bool {
+    entry.is_none_or(|entry| entry == name || entry.as_encoded_bytes().starts_with(b".."))
 }
 
 impl Watcher {
@@ -276,7 +289,8 @@ impl Watcher {
                 None
             }
         };
-        Ok(Self { path, last, hangup: signal(SignalKind::hangup())?, folder })
+        let name = path.file_name().map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+        Ok(Self { path, last, hangup: signal(SignalKind::hangup())?, folder, name })
     }
 
     /// Waits until the file may have changed: an event in its folder (then until the folder is
@@ -289,13 +303,29 @@ impl Watcher {
                 _ = tokio::time::sleep(POLL_INTERVAL) => false,
             };
         };
-        let event = tokio::select! {
-            _ = self.hangup.recv() => return true,
-            _ = tokio::time::sleep(SAFETY_POLL) => return false,
-            event = folder.next() => event,
+        let safety_poll = tokio::time::sleep(SAFETY_POLL);
+        tokio::pin!(safety_poll);
+        let event = loop {
+            let event = tokio::select! {
+                _ = self.hangup.recv() => return true,
+                _ = &mut safety_poll => return false,
+                event = folder.next() => event,
+            };
+            match &event {
+                Some(Ok(event)) if !concerns_the_file(event.name.as_deref(), &self.name) => {}
+                _ => break event,
+            }
         };
         match event {
-            Some(Ok(_)) => while let Ok(Some(Ok(_))) = tokio::time::timeout(SETTLE, folder.next()).await {},
+            Some(Ok(_)) => {
+                // Until the file has been left alone for SETTLE.
+                let mut quiet_until = tokio::time::Instant::now() + SETTLE;
+                while let Ok(Some(Ok(event))) = tokio::time::timeout_at(quiet_until, folder.next()).await {
+                    if concerns_the_file(event.name.as_deref(), &self.name) {
+                        quiet_until = tokio::time::Instant::now() + SETTLE;
+                    }
+                }
+            }
             Some(Err(error)) => {
                 warn!(%error, "inotify failed; polling the config file every 2 s from now on");
                 self.folder = None;

@@ -27,11 +27,11 @@ pub struct ShipConfig {
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
     /// Largest batch per partition request (`batch.size`), at most half of librdkafka's queue
-    /// (a fifth of `buffer.max_bytes`). Default `1 MiB`.
+    /// (a fifth of `buffer.max_bytes`, or the largest message if that is more). Default `1 MiB`.
     pub batch_size: ByteSize,
     /// How long librdkafka may try one send before reporting it failed (`message.timeout.ms`).
     /// A record that times out is put back into the buffer and sent again, never dropped.
-    /// Between 1s and 24d, longer than `linger`. Default `2m`.
+    /// From 1s to about 24.8 days (librdkafka's limit), longer than `linger`. Default `2m`.
     #[serde(with = "humantime_serde")]
     pub delivery_timeout: Duration,
     /// The Kafka message key: `"none"`, `"pod_name"`, or `"field"` (the JSON record's top-level
@@ -87,7 +87,9 @@ impl ShipConfig {
         // librdkafka takes `message.timeout.ms` up to i32::MAX and refuses it ≤ `linger.ms`, both
         // in whole milliseconds (as they are handed over).
         if self.delivery_timeout.as_millis() > i32::MAX as u128 {
-            return Err(at.invalid("delivery_timeout", "must be at most 24d (librdkafka's limit: 2147483647 ms)"));
+            return Err(
+                at.invalid("delivery_timeout", "must be at most 2147483647ms, about 24.8 days (librdkafka's limit)")
+            );
         }
         if self.linger.as_millis() >= self.delivery_timeout.as_millis() {
             return Err(at.invalid(
@@ -108,6 +110,7 @@ impl ShipConfig {
             }
             _ => {}
         }
-        super::kafka::reject_managed(at, "properties", &self.properties)
+        super::kafka::reject_managed(at, "properties", &self.properties)?;
+        super::kafka::reject_refused(at, "properties", &self.properties)
     }
 }

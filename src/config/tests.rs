@@ -174,6 +174,29 @@ fn refuses_pass_through_properties_that_would_weaken_delivery() {
     assert_eq!(key, "kafka.properties.\"enable.idempotence\"");
 }
 
+/// Cold review (issue 15): a property librdkafka refuses passed validation and `check-config`;
+/// the agent then exited 1, or a reload was taken and no later producer could be made.
+#[test]
+fn refuses_pass_through_properties_librdkafka_refuses_naming_them() {
+    assert_eq!(
+        invalid_key("[ship.properties]\n\"batch.num.messages\" = \"0\"\n"),
+        "ship.properties.\"batch.num.messages\""
+    );
+    assert_eq!(
+        invalid_key("[kafka.properties]\n\"no.such.property\" = \"1\"\n"),
+        "kafka.properties.\"no.such.property\""
+    );
+    assert_eq!(
+        invalid_key("[persist.properties]\n\"fetch.max.bytes\" = \"ten\"\n"),
+        "persist.properties.\"fetch.max.bytes\""
+    );
+    let text =
+        Config::from_toml("[ship.properties]\n\"batch.num.messages\" = \"0\"\n").expect_err("refused").to_string();
+    assert!(text.contains("librdkafka"), "{text}");
+    Config::from_toml("[kafka.properties]\n\"security.protocol\" = \"ssl\"\n\"socket.keepalive.enable\" = \"true\"\n")
+        .expect("properties librdkafka takes are taken");
+}
+
 #[test]
 fn refuses_pass_through_properties_that_would_weaken_tls_verification() {
     let key = invalid_key("[kafka.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n");
@@ -300,8 +323,22 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
 }
 
 mod reloading {
-    use super::super::reload::{changed_keys, fingerprint, follow, plan};
+    use super::super::reload::{changed_keys, concerns_the_file, fingerprint, follow, plan};
     use super::*;
+
+    /// Seen in CI (issue 15, 2026-12-04): the agent's log beside its config file kept the folder
+    /// busy, the settle never ended on quiet, and the file was read between the test's truncate
+    /// and write — an empty file, applied as every default.
+    #[test]
+    fn only_events_about_the_config_file_or_a_configmap_swap_count() {
+        let name = std::ffi::OsStr::new("agent.toml");
+        assert!(concerns_the_file(Some(std::ffi::OsStr::new("agent.toml")), name));
+        assert!(concerns_the_file(Some(std::ffi::OsStr::new("..data")), name), "a ConfigMap's symlink swap");
+        assert!(concerns_the_file(Some(std::ffi::OsStr::new("..2026_12_04_23_00_00.123")), name));
+        assert!(concerns_the_file(None, name), "the folder itself moved or went away");
+        assert!(!concerns_the_file(Some(std::ffi::OsStr::new("agent.log")), name), "a log beside it");
+        assert!(!concerns_the_file(Some(std::ffi::OsStr::new("agent.toml.swp")), name));
+    }
 
     /// A file changed between the start's load and the watcher's first look (a ConfigMap
     /// updated as the pod starts) passed for what ran, until the file changed again (seen as a

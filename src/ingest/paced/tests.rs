@@ -181,11 +181,11 @@ async fn a_tick_reads_at_most_a_chunk_however_large_the_buffer() {
     writer.write_all(b"x\n").expect("write");
     assert_eq!(paced.read(&mut buf).await.expect("read"), 2);
     assert!(ticking(&paced));
-    let big = vec![b'y'; 3 * READ_CHUNK];
-    let flood = std::thread::spawn(move || writer.write_all(&big).expect("write"));
-    // The flood in the socket before the tick: a tick that found it empty would register the
-    // socket again, and tokio's own read takes all it can (seen under CI's load).
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // More than a chunk in the socket before the tick (a tick that found it empty would
+    // register the socket again, and tokio's own read takes all it can: seen under CI's load);
+    // the rest from a thread, as it may block until the reader makes room.
+    writer.write_all(&[b'y'; 2 * READ_CHUNK]).expect("write");
+    let flood = std::thread::spawn(move || writer.write_all(&[b'y'; READ_CHUNK]).expect("write"));
     let n = paced.read(&mut buf).await.expect("read");
     assert!(n > 0 && n <= READ_CHUNK, "{n}");
     let mut rest = vec![0; 3 * READ_CHUNK - n];
