@@ -123,6 +123,8 @@ pub struct Settings {
     pub around: u64,
     /// The arguments as given, for `results.json`'s `command`.
     pub args: Vec<String>,
+    /// Results into `bench/results/<time>/` (a full run); else into the temp dir, gone after.
+    pub keep_results: bool,
 }
 
 impl Settings {
@@ -140,7 +142,14 @@ impl Settings {
             outage: value(5),
             around: if smoke { 2 } else { 10 },
             args,
+            keep_results: !smoke,
         }
+    }
+
+    /// These settings with results in the temp dir (a partial run: `sluice-bench max-rate`).
+    pub fn temporary(mut self) -> Self {
+        self.keep_results = false;
+        self
     }
 }
 
@@ -331,7 +340,8 @@ impl Bench {
     pub async fn new(settings: Settings, root: &Path, services: Services) -> Result<Self, RunError> {
         let stamp = chrono::Utc::now().format("%Y-%m-%dT%H-%M-%SZ").to_string();
         let work = tempfile::Builder::new().prefix("sluice-bench.").tempdir().map_err(io("making the work dir"))?;
-        let out = if settings.smoke { work.path().join("results") } else { root.join("bench/results").join(&stamp) };
+        let out =
+            if !settings.keep_results { work.path().join("results") } else { root.join("bench/results").join(&stamp) };
         std::fs::create_dir_all(&out).map_err(io(format!("making {}", out.display())))?;
         let (db, connection) = services.pg.parse::<tokio_postgres::Config>()?.connect(tokio_postgres::NoTls).await?;
         tokio::spawn(connection);

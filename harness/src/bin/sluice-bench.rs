@@ -74,6 +74,16 @@ enum Command {
         #[arg(long)]
         kafka_connect: bool,
     },
+    /// Sluice at max rate, then rsyslog, REPEAT times: the delivered / rsyslog target alone, for
+    /// a before/after of one change (run it once per binary, `SLUICE_BENCH_BINARY`, alternating).
+    MaxRate {
+        /// RECORDS SIZE CONNECTIONS (defaults 1000000 256 4).
+        #[arg(num_args = 0..=3)]
+        values: Vec<u64>,
+        /// Rounds.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+    },
     /// scripts/bench-pod: one sidecar's cost — CPU, wake-ups, RSS — idle, at 1k and 10k records/s.
     Pod {
         /// Seconds per phase.
@@ -106,6 +116,7 @@ async fn main() -> ExitCode {
         Command::Persist { records, topic, sample, repeat, kafka_connect } => {
             persist_alone(records, topic, (sample, kafka_connect), repeat, &root, services).await
         }
+        Command::MaxRate { values, repeat } => max_rate(&values, repeat, &root, services).await,
         Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
             connections::run(&connections::Settings { records, idle, slow }, &services)
@@ -139,6 +150,29 @@ async fn bench(
     #[expect(clippy::print_stdout, reason = "the summary is the command's output")]
     {
         print!("{summary}");
+    }
+    Ok(())
+}
+
+/// `sluice-bench max-rate`: see [`Command::MaxRate`].
+async fn max_rate(
+    values: &[u64],
+    repeat: u32,
+    root: &std::path::Path,
+    services: sluice_harness::Services,
+) -> anyhow::Result<()> {
+    let settings = run::Settings::new(false, values, Vec::new());
+    let bench = std::sync::Arc::new(run::Bench::new(settings.temporary(), root, services).await?);
+    let outcome = tokio::spawn({
+        let bench = bench.clone();
+        async move { bench.max_rate_against_rsyslog(repeat).await }
+    })
+    .await;
+    bench.cleanup().await;
+    let figures = outcome.map_err(|error| anyhow::anyhow!("the benchmark panicked: {error}"))??;
+    #[expect(clippy::print_stdout, reason = "the figures are the command's output")]
+    {
+        print!("{figures}");
     }
     Ok(())
 }

@@ -97,6 +97,41 @@ impl Bench {
         Ok(out)
     }
 
+    /// `sluice-bench max-rate`: Sluice at max rate, then rsyslog, `repeat` times (the two rows
+    /// of the benchmark's delivered / rsyslog target, without the rest of the run), for a
+    /// before/after of one change: run it once per binary (`SLUICE_BENCH_BINARY`), alternating.
+    /// Returns a line per round.
+    pub async fn max_rate_against_rsyslog(&self, repeat: u32) -> Result<String, RunError> {
+        let s = &self.settings;
+        let shape = Shape::Padded(usize::try_from(s.size).unwrap_or(usize::MAX));
+        let mut out = format!(
+            "{} records of {} B over {} connections, {}\n",
+            s.records,
+            s.size,
+            s.connections,
+            crate::process::binary().display()
+        );
+        for _ in 0..repeat {
+            let topic = format!("bench-maxrate-{}-{}", self.stamp, random());
+            log(&format!("sluice, max rate: {} records into {topic}", s.records));
+            let sluice = self.max_rate_run(&topic, s.records, &shape).await?;
+            if let Err(error) = kafka::delete_topic(&self.services.kafka, &topic).await {
+                log(&format!("could not delete {topic}: {error}"));
+            }
+            let rsyslog = self.rsyslog(&shape).await?;
+            let per_record = |cpu: f64| cpu * 1e6 / s.records as f64;
+            out.push_str(&format!(
+                "sluice {:.0} delivered/s, {:.2} µs CPU per record; rsyslog {:.0}/s, {:.2} µs; sluice / rsyslog {:.2}×\n",
+                sluice.delivered_records_per_second,
+                per_record(sluice.agent_cpu_seconds),
+                rsyslog.delivered_records_per_second,
+                per_record(rsyslog.cpu_seconds),
+                sluice.delivered_records_per_second / rsyslog.delivered_records_per_second,
+            ));
+        }
+        Ok(out)
+    }
+
     /// Sluice at max rate: a fresh agent on `topic`, `records` records of `shape`; delivered
     /// rate (until every record is settled), agent CPU and RSS (idle, steady = median of 0.2 s
     /// samples, peak), ingest → ack latency, counts.
