@@ -147,10 +147,11 @@ fn decode(c: &mut Criterion) {
         });
         let peer = r#""peer":{"pid":42,"uid":1000,"gid":1000},"#;
         let records: Vec<String> = (0..RECORDS).map(json_record).collect();
-        let mut out = Vec::new();
+        let mut out = bytes::BytesMut::new();
         b.iter(|| {
             let now = Utc::now();
             for line in &records {
+                out.clear();
                 black_box(writer.write(line, peer, now, &mut out));
             }
         })

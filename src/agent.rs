@@ -36,7 +36,7 @@ use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading};
 use crate::config::{BufferKind, Config, KeySource, ShipConfig};
 use crate::envelope::{EnvelopeWriter, PodMetadata};
-use crate::ingest::{self, IngestContext, IngestError, KeyRule};
+use crate::ingest::{self, IngestContext, IngestError, KeyRule, KeyRules};
 use crate::lifecycle::Tasks;
 use crate::ship::{ShipError, Shipper};
 use crate::telemetry;
@@ -117,7 +117,7 @@ pub async fn run(
     let context = Arc::new(IngestContext {
         buffer: buffer.clone(),
         envelopes,
-        key: std::sync::RwLock::new(KeyRule::new(&config.ship, &pod)),
+        key: KeyRules::new(KeyRule::new(&config.ship, &pod)),
         ack_point: config.ack_point(),
         max_json_depth: config.ingest.max_json_depth as usize,
         max_message: usize::try_from(config.largest_message()).unwrap_or(usize::MAX),
@@ -338,8 +338,7 @@ impl Live {
         }
         self.buffer.set_policy(Policy { when_full: new.buffer.when_full, block_timeout: new.buffer.block_timeout });
         if (old.ship.key, &old.ship.key_field) != (new.ship.key, &new.ship.key_field) {
-            *self.context.key.write().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                KeyRule::new(&new.ship, &self.pod);
+            self.context.key.set(KeyRule::new(&new.ship, &self.pod));
         }
         if producer_settings(old) != producer_settings(new) {
             self.shipper.reconfigure(new);

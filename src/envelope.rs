@@ -20,7 +20,8 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use bytes::{BufMut, BytesMut};
+use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -124,19 +125,19 @@ impl EnvelopeWriter {
         out
     }
 
-    /// Appends the envelope of `line` to `out` (cleared first) and returns its format.
-    /// `line` is valid UTF-8 without its newline.
-    pub fn write(&self, line: &str, peer_fragment: &str, now: DateTime<Utc>, out: &mut Vec<u8>) -> Format {
+    /// Appends the envelope of `line` to `out` and returns its format. `line` is valid UTF-8
+    /// without its newline. Appends, so that one buffer can hold many envelopes (a reader's
+    /// arena: one allocation for a read's records, not one each).
+    pub fn write(&self, line: &str, peer_fragment: &str, now: DateTime<Utc>, out: &mut BytesMut) -> Format {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let format = if is_json_object(line) { Format::Json } else { Format::Text };
-        out.clear();
         out.reserve(line.len() + 160 + self.pod_fragment.len() + peer_fragment.len());
         out.extend_from_slice(b"{\"v\":1,\"id\":\"");
         out.extend_from_slice(self.instance.as_bytes());
-        out.push(b'-');
+        out.put_u8(b'-');
         out.extend_from_slice(itoa::Buffer::new().format(sequence).as_bytes());
         out.extend_from_slice(b"\",\"ingest_time\":\"");
-        out.extend_from_slice(now.to_rfc3339_opts(SecondsFormat::Micros, true).as_bytes());
+        write_rfc3339_micros(now, out);
         out.extend_from_slice(b"\",");
         out.extend_from_slice(self.pod_fragment.as_bytes());
         out.extend_from_slice(peer_fragment.as_bytes());
@@ -144,17 +145,55 @@ impl EnvelopeWriter {
             Format::Json => {
                 out.extend_from_slice(b"\"format\":\"json\",\"record\":");
                 out.extend_from_slice(line.as_bytes());
-                out.push(b'}');
+                out.put_u8(b'}');
             }
             Format::Text => {
                 out.extend_from_slice(b"\"format\":\"text\",\"record\":{\"message\":");
-                // Writing a &str into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut *out, line);
+                // Writing a &str into memory cannot fail.
+                let _ = serde_json::to_writer((&mut *out).writer(), line);
                 out.extend_from_slice(b"}}");
             }
         }
         format
     }
+}
+
+/// Appends `time` as RFC 3339 in UTC with microseconds (`2026-11-30T03:04:05.123456Z`), as
+/// chrono's `to_rfc3339_opts(SecondsFormat::Micros, true)` writes it, without its `String`: the
+/// envelope is written once per record.
+pub fn write_rfc3339_micros(time: DateTime<Utc>, out: &mut BytesMut) {
+    fn digits(out: &mut BytesMut, value: u32, width: usize) {
+        let mut buffer = [b'0'; 10];
+        let mut rest = value;
+        for slot in buffer[..width].iter_mut().rev() {
+            *slot = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        out.extend_from_slice(&buffer[..width]);
+    }
+    let naive = time.naive_utc();
+    let year = naive.year();
+    if !(0..=9999).contains(&year) {
+        // Outside what four digits hold (never from a clock): chrono's own rendering.
+        out.extend_from_slice(time.to_rfc3339_opts(SecondsFormat::Micros, true).as_bytes());
+        return;
+    }
+    digits(out, year as u32, 4);
+    out.put_u8(b'-');
+    digits(out, naive.month(), 2);
+    out.put_u8(b'-');
+    digits(out, naive.day(), 2);
+    out.put_u8(b'T');
+    digits(out, naive.hour(), 2);
+    out.put_u8(b':');
+    digits(out, naive.minute(), 2);
+    out.put_u8(b':');
+    // A leap second is written as second 60, as chrono writes it.
+    let nanos = naive.nanosecond();
+    digits(out, naive.second() + nanos / 1_000_000_000, 2);
+    out.put_u8(b'.');
+    digits(out, (nanos % 1_000_000_000) / 1000, 6);
+    out.put_u8(b'Z');
 }
 
 /// True when the whole line is one JSON object with no surrounding whitespace.

@@ -93,7 +93,7 @@ pub struct IngestContext {
     /// Wraps records into envelopes and numbers them.
     pub envelopes: EnvelopeWriter,
     /// How the Kafka key is chosen; a config reload may change it.
-    pub key: std::sync::RwLock<KeyRule>,
+    pub key: KeyRules,
     /// When acknowledged-mode writers (and Forward clients asking for acks) hear that a record
     /// is safe.
     pub ack_point: AckPoint,
@@ -165,6 +165,40 @@ impl KeyRule {
             },
             KeySource::Field => KeyRule::Field(ship.key_field.clone().unwrap_or_default()),
         }
+    }
+}
+
+/// The key rule in force, which a config reload may replace, read by every connection for every
+/// record: each keeps a copy and takes the lock only when the generation says it changed.
+#[derive(Debug)]
+pub struct KeyRules {
+    rule: std::sync::RwLock<KeyRule>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl KeyRules {
+    /// Starts with `rule`.
+    pub fn new(rule: KeyRule) -> Self {
+        Self { rule: std::sync::RwLock::new(rule), generation: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Replaces the rule (a config reload); records offered after this use the new one.
+    pub fn set(&self, rule: KeyRule) {
+        *self.rule.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = rule;
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The rule in force, from `cached` unless it changed since it was read.
+    pub fn current<'a>(&self, cached: &'a mut Option<(u64, KeyRule)>) -> &'a KeyRule {
+        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
+        match cached {
+            Some((read_at, _)) if *read_at == generation => {}
+            _ => {
+                let rule = self.rule.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+                *cached = Some((generation, rule));
+            }
+        }
+        &cached.as_ref().expect("just set").1
     }
 }
 

@@ -6,10 +6,40 @@ fn pod() -> PodMetadata {
 }
 
 fn write(writer: &EnvelopeWriter, line: &str) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut out = BytesMut::new();
     let peer = EnvelopeWriter::peer_fragment(&Peer { pid: Some(42), uid: 1000, gid: 1001 });
     writer.write(line, &peer, Utc::now(), &mut out);
-    out
+    out.to_vec()
+}
+
+#[test]
+fn envelopes_appended_to_one_buffer_each_parse_on_their_own() {
+    let writer = EnvelopeWriter::with_instance(&pod(), "inst".into());
+    let mut arena = BytesMut::new();
+    writer.write("first", "", Utc::now(), &mut arena);
+    let first = arena.split().freeze();
+    writer.write(r#"{"second":2}"#, "", Utc::now(), &mut arena);
+    let second = arena.split().freeze();
+    assert_eq!(Envelope::parse(&first).expect("first").payload().expect("payload"), "first");
+    assert_eq!(Envelope::parse(&second).expect("second").payload().expect("payload"), r#"{"second":2}"#);
+}
+
+proptest::proptest! {
+    #![proptest_config(crate::test_support::prop_config(512))]
+
+    #[test]
+    fn ingest_time_is_written_as_chrono_writes_rfc3339_with_microseconds(
+        seconds in -62_135_596_800i64..253_402_300_799,
+        nanos in 0u32..2_000_000_000,
+    ) {
+        let Some(time) = DateTime::<Utc>::from_timestamp(seconds, nanos) else { return Ok(()) };
+        let mut out = BytesMut::new();
+        write_rfc3339_micros(time, &mut out);
+        proptest::prop_assert_eq!(
+            std::str::from_utf8(&out).expect("ascii"),
+            time.to_rfc3339_opts(SecondsFormat::Micros, true)
+        );
+    }
 }
 
 #[test]

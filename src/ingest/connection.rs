@@ -115,7 +115,7 @@ pub async fn serve(
         let ready = frames.next().now_or_never();
         if ready.is_none() {
             // Nothing more to read right now: publish the counts before waiting.
-            sink.flush_counters();
+            sink.idle();
         }
         let next = if let Some(next) = ready {
             next
@@ -442,7 +442,7 @@ pub enum Gated {
 }
 
 /// A framer that reports how many bytes its connection holds unread to the listener's
-/// `sluice_ingest_read_buffer_bytes` (it sees the read buffer after every read), and stops the
+/// `sluice_ingest_read_buffer_bytes` (whenever it has framed all it can of a read), and stops the
 /// reading when they reach what the connection may hold ([`Gated::NeedRoom`]).
 struct Accounted<D> {
     inner: D,
@@ -470,13 +470,18 @@ impl<D: Decoder<Item = Frame, Error = std::io::Error>> Decoder for Accounted<D> 
     type Error = std::io::Error;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Gated>, Self::Error> {
-        self.report(buf.len());
         if buf.len() > self.allowed {
+            self.report(buf.len());
             // Not handed to the framer yet: it sees these bytes once there is room for them.
             return Ok(Some(Gated::NeedRoom(buf.len())));
         }
         let frame = self.inner.decode(buf);
-        self.report(buf.len());
+        if !matches!(frame, Ok(Some(_))) {
+            // Reported when the framer waits for more (what the connection then holds), not
+            // after every record: the gauge is shared by the listener's connections, and a read
+            // of many records would touch it for each.
+            self.report(buf.len());
+        }
         frame.map(|frame| frame.map(Gated::Frame))
     }
 

@@ -42,7 +42,7 @@ pub async fn serve(
         let received = match socket.try_recv(&mut buf) {
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 // Nothing queued: publish the counts before waiting.
-                sink.flush_counters();
+                sink.idle();
                 tokio::select! {
                     biased;
                     received = socket.recv(&mut buf) => received,

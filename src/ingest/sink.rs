@@ -7,7 +7,7 @@
 //! policy, both cut short at the drain deadline; or touch shared counters per record (counts
 //! are flushed in batches).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::value::RawValue;
 use tracing::trace;
 
@@ -20,6 +20,16 @@ use crate::telemetry::outcome::{Failed, Rejected};
 
 /// Flush local counters after this many records.
 const COUNTER_FLUSH_EVERY: u64 = 256;
+
+/// Room an envelope takes beyond its record: ids, time, pod and peer (bounded by the
+/// writer's own reserve), and a text record's escapes beyond that are reserved as it is written.
+const ENVELOPE_ROOM: usize = 512;
+
+/// Bytes of one envelope arena: the records a connection reads share an allocation this size
+/// (each record's payload is a slice of it, freed when the last of them is sent), instead of
+/// one allocation each. Let go whenever the connection waits for input, so an idle connection
+/// holds none.
+const ARENA_BYTES: usize = 16 * 1024;
 
 #[derive(Clone, Copy)]
 enum Bucket {
@@ -36,8 +46,10 @@ pub struct RecordSink<'a> {
     admission: Admission,
     /// `"peer":{...},`, or empty where the socket cannot tell (datagrams).
     peer_fragment: String,
-    /// The envelope being written.
-    envelope: Vec<u8>,
+    /// Where envelopes are written: each record's payload is split off it (see [`ARENA_BYTES`]).
+    arena: BytesMut,
+    /// The key rule as last read, with the generation it was read at.
+    key_rule: Option<(u64, KeyRule)>,
     /// A transformed record (syslog, Forward).
     transformed: Vec<u8>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
@@ -59,7 +71,8 @@ impl<'a> RecordSink<'a> {
             limit_key,
             admission: Admission::default(),
             peer_fragment,
-            envelope: Vec::with_capacity(1024),
+            arena: BytesMut::new(),
+            key_rule: None,
             transformed: Vec::new(),
             records: 0,
             bytes: 0,
@@ -131,13 +144,17 @@ impl<'a> RecordSink<'a> {
             }
         }
         let now = chrono::Utc::now();
-        self.ingest.envelopes.write(text, &self.peer_fragment, now, &mut self.envelope);
-        let key = match &*self.ingest.key.read().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+        if self.arena.capacity() - self.arena.len() < text.len() + ENVELOPE_ROOM {
+            self.arena = BytesMut::with_capacity(ARENA_BYTES.max(2 * (text.len() + ENVELOPE_ROOM)));
+        }
+        self.ingest.envelopes.write(text, &self.peer_fragment, now, &mut self.arena);
+        let payload = self.arena.split().freeze();
+        let key = match self.ingest.key.current(&mut self.key_rule) {
             KeyRule::None => None,
             KeyRule::Fixed(key) => Some(key.clone()),
             KeyRule::Field(field) => field_key(text, field),
         };
-        if self.envelope.len() + key.as_ref().map_or(0, Bytes::len) > self.ingest.max_message {
+        if payload.len() + key.as_ref().map_or(0, Bytes::len) > self.ingest.max_message {
             // Within max_record_size as written, but its message is larger than anything the
             // buffer and librdkafka are sized for.
             return self.reject(Rejected::TooLarge, ack);
@@ -147,16 +164,28 @@ impl<'a> RecordSink<'a> {
         if self.records >= COUNTER_FLUSH_EVERY {
             self.flush_counters();
         }
-        let payload = Bytes::copy_from_slice(&self.envelope);
         let ingest_ms = now.timestamp_millis() as u64;
-        let push = self.ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission);
-        tokio::select! {
-            // Past the drain deadline nothing more enters the buffer: the final count may
-            // already be taken.
-            biased;
-            _ = self.ingest.abandon.cancelled() => self.abandoned(),
+        // Past the drain deadline nothing more enters the buffer: the final count may already
+        // be taken. Checked first; a push that completes at once (room in the buffer) then
+        // never registers with the token, which every connection shares.
+        if self.ingest.abandon.is_cancelled() {
+            return self.abandoned();
+        }
+        let ingest = self.ingest;
+        let abandoned = {
+            let mut push = std::pin::pin!(ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission));
             // A drop by policy is counted (and its ack refused) by the buffer.
-            _ = push => {}
+            match futures_util::FutureExt::now_or_never(push.as_mut()) {
+                Some(_) => false,
+                None => tokio::select! {
+                    biased;
+                    _ = ingest.abandon.cancelled() => true,
+                    _ = push => false,
+                },
+            }
+        };
+        if abandoned {
+            self.abandoned();
         }
     }
 
@@ -196,6 +225,13 @@ impl<'a> RecordSink<'a> {
     fn abandoned(&self) {
         Failed::DrainTimeout.count(1);
         self.ingest.abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The connection waits for input: publishes its counts and lets its envelope arena go
+    /// (records already split off it keep what they use).
+    pub fn idle(&mut self) {
+        self.flush_counters();
+        self.arena = BytesMut::new();
     }
 
     /// Adds the local counts to the listener's counters.

@@ -99,12 +99,13 @@ pub fn producer_ceiling(
         std::thread::sleep(Duration::from_millis(100));
     }
     let envelopes = EnvelopeWriter::new(&PodMetadata::default());
-    let mut envelope = Vec::new();
+    let mut envelope = bytes::BytesMut::new();
     let mut bytes = 0u64;
     let started = Instant::now();
     for index in 0..records {
         let line = shape.line(0, index);
         let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
+        envelope.clear();
         envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
         bytes += envelope.len() as u64;
         send_waiting(&producer, BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]))?;
