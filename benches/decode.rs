@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use chrono::Utc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rmpv::Value;
-use sluice::envelope::{EnvelopeWriter, PodMetadata};
+use sluice::envelope::{EnvelopeKind, EnvelopeWriter, Peer, PeerFragment, PodMetadata};
 use sluice::ingest::forward::{self, ForwardFramer, Limits};
 use sluice::ingest::framing::{Frame, LineFramer, OctetFramer};
 use sluice::ingest::{record, syslog};
@@ -138,24 +138,28 @@ fn decode(c: &mut Criterion) {
     let packed_forward = msgpack(&Value::Array(vec!["app.web".into(), Value::Binary(packed)]));
     group.bench_function("forward_packed_forward", |b| b.iter(|| forward_decode(&packed_forward)));
 
-    group.bench_function("envelope", |b| {
-        let writer = EnvelopeWriter::new(&PodMetadata {
-            name: Some("web-1".into()),
-            namespace: Some("shop".into()),
-            container: Some("app".into()),
-            node: Some("n1".into()),
+    let pod = PodMetadata {
+        name: Some("web-1".into()),
+        namespace: Some("shop".into()),
+        container: Some("app".into()),
+        node: Some("n1".into()),
+    };
+    let peer = PeerFragment::new(Some(Peer { pid: Some(42), uid: 1000, gid: 1000 }));
+    let records: Vec<String> = (0..RECORDS).map(json_record).collect();
+    for (name, kind) in [("envelope_binary", EnvelopeKind::Binary), ("envelope_json", EnvelopeKind::Json)] {
+        group.bench_function(name, |b| {
+            let writer = EnvelopeWriter::new(&pod, kind);
+            let mut out = BytesMut::new();
+            b.iter(|| {
+                let now = Utc::now();
+                for line in &records {
+                    out.clear();
+                    writer.write(line, &peer, now, &mut out);
+                    black_box(&out);
+                }
+            })
         });
-        let peer = r#""peer":{"pid":42,"uid":1000,"gid":1000},"#;
-        let records: Vec<String> = (0..RECORDS).map(json_record).collect();
-        let mut out = bytes::BytesMut::new();
-        b.iter(|| {
-            let now = Utc::now();
-            for line in &records {
-                out.clear();
-                black_box(writer.write(line, peer, now, &mut out));
-            }
-        })
-    });
+    }
     group.finish();
 }
 

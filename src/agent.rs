@@ -34,8 +34,8 @@ use crate::buffer::ack::AckBudget;
 use crate::buffer::spool::{Spool, SpoolOp, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
 use crate::config::reload::{self, Reloading};
-use crate::config::{BufferKind, Config, KeySource, ShipConfig};
-use crate::envelope::{EnvelopeWriter, PodMetadata};
+use crate::config::{BufferKind, Config, EnvelopeKind, KeySource, ShipConfig};
+use crate::envelope::{EnvelopeWriter, PodFieldTooLong, PodMetadata};
 use crate::ingest::{self, IngestContext, IngestError, KeyRule, KeyRules};
 use crate::lifecycle::Tasks;
 use crate::ship::{ShipError, Shipper};
@@ -59,6 +59,9 @@ pub enum AgentError {
     /// The Kafka producer.
     #[error(transparent)]
     Ship(#[from] ShipError),
+    /// A pod field from the Downward API environment is longer than any Kubernetes name.
+    #[error(transparent)]
+    Pod(#[from] PodFieldTooLong),
     /// A task failed (panicked, or ended before it was asked to stop); the agent drained.
     #[error("tasks failed: {}", .0.join("; "))]
     TasksFailed(Vec<String>),
@@ -102,14 +105,21 @@ pub async fn run(
     // ---- Build: everything that can fail to start fails here, before anything runs.
     telemetry::register_agent_series();
     let pod = PodMetadata::from_env();
+    pod.check()?;
     let (buffer, spool_writer) = open_buffer(&config).await?;
     let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
     let admin = AdminServer::open(admin, &config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     // Announced once everything is bound: a reader of the file may then use the sockets too.
     admin.announce(config.agent.admin_address_file.as_deref())?;
-    let envelopes = EnvelopeWriter::new(&pod);
-    info!(instance = envelopes.instance(), topic = %config.kafka.topic, buffer = ?config.buffer.kind, "agent starting");
+    let envelopes = EnvelopeWriter::new(&pod, config.ship.envelope);
+    info!(
+        instance = envelopes.instance(),
+        topic = %config.kafka.topic,
+        buffer = ?config.buffer.kind,
+        envelope = config.ship.envelope.as_str(),
+        "agent starting"
+    );
 
     // Each stage of the drain stops on a token of its own.
     let stages = Stages::default();
@@ -340,15 +350,20 @@ impl Live {
         if (old.ship.key, &old.ship.key_field) != (new.ship.key, &new.ship.key_field) {
             self.context.key.set(KeyRule::new(&new.ship, &self.pod));
         }
+        if old.ship.envelope != new.ship.envelope {
+            self.context.envelopes.set_kind(new.ship.envelope);
+        }
         if producer_settings(old) != producer_settings(new) {
             self.shipper.reconfigure(new);
         }
     }
 }
 
-/// What the producer is built from (the key is chosen by the readers, not the producer).
+/// What the producer is built from (the key and the envelope are the readers', not the
+/// producer's).
 fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::BTreeMap<String, String>) {
-    let ship = ShipConfig { key: KeySource::None, key_field: None, ..config.ship.clone() };
+    let ship =
+        ShipConfig { key: KeySource::None, key_field: None, envelope: EnvelopeKind::Binary, ..config.ship.clone() };
     (ship, &config.kafka.brokers, &config.kafka.properties)
 }
 

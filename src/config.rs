@@ -37,7 +37,7 @@ pub use self::kafka::KafkaConfig;
 pub use self::log::{LogConfig, LogFormat};
 pub use self::persist::PersistConfig;
 pub use self::postgres::{PostgresConfig, valid_identifier};
-pub use self::ship::{DEFAULT_LINGER, KeySource, ShipConfig};
+pub use self::ship::{DEFAULT_LINGER, EnvelopeKind, KeySource, ShipConfig};
 
 #[cfg(test)]
 mod tests;

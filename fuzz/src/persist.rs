@@ -5,7 +5,8 @@
 //! - even, a message value: the rest, byte for byte (and an empty rest is also tried as a
 //!   message without a value);
 //! - odd, an app's line: if the agent's content checks accept it, the envelope the agent's
-//!   `EnvelopeWriter` makes of it is parsed.
+//!   `EnvelopeWriter` makes of it is parsed (binary when the first byte's second bit is clear,
+//!   JSON when it is set).
 //!
 //! Every message ends as exactly one of: a row whose every text column PostgreSQL can store (valid
 //! UTF-8 without U+0000, the `json` record without an escaped U+0000 or an unpaired surrogate
@@ -18,7 +19,7 @@
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
-use sluice::envelope::{EnvelopeWriter, Peer, PodMetadata};
+use sluice::envelope::{BINARY_VERSION, EnvelopeKind, EnvelopeWriter, Peer, PeerFragment, PodMetadata};
 use sluice::persist::row::{DeadLetter, MAX_ERROR_TEXT, Origin, Parsed, RecordKey, Row, Window, parse};
 use sluice::telemetry::outcome::DeadLetterReason;
 
@@ -60,7 +61,7 @@ pub fn row(data: &[u8]) {
         }
         message(rest);
     } else {
-        line(rest);
+        line(rest, if mode & 2 == 0 { EnvelopeKind::Binary } else { EnvelopeKind::Json });
     }
 }
 
@@ -81,8 +82,11 @@ pub fn message(value: &[u8]) -> Parsed {
     out
 }
 
+/// The agent's instance in the envelopes `line` writes.
+const INSTANCE: &str = "0197a5c0f0e07d3a8f1e2b3c4d5e6f70";
+
 /// An app's line through the agent's checks and envelope writer.
-pub fn line(bytes: &[u8]) {
+pub fn line(bytes: &[u8], kind: EnvelopeKind) {
     let Ok(line) = sluice::ingest::record::validate(bytes, AGENT_MAX_DEPTH) else { return };
     let pod = PodMetadata {
         name: Some("web-\"1\"\\ü".into()),
@@ -90,10 +94,11 @@ pub fn line(bytes: &[u8]) {
         container: None,
         node: Some("n1".into()),
     };
-    let writer = EnvelopeWriter::with_instance(&pod, "0197a5c0f0e07d3a8f1e2b3c4d5e6f70".into());
-    let peer = EnvelopeWriter::peer_fragment(&Peer { pid: Some(7), uid: 1000, gid: 2000 });
+    let instance = uuid::Uuid::parse_str(INSTANCE).expect("a uuid");
+    let writer = EnvelopeWriter::with_instance(&pod, instance, kind);
+    let peer = PeerFragment::new(Some(Peer { pid: Some(7), uid: 1000, gid: 2000 }));
     let now = Utc.with_ymd_and_hms(2026, 6, 1, 12, 0, 0).single().expect("a valid time");
-    let mut envelope = Vec::new();
+    let mut envelope = bytes::BytesMut::new();
     writer.write(line, &peer, now, &mut envelope);
     match message(&envelope) {
         Parsed::Row(row) => {
@@ -102,7 +107,7 @@ pub fn line(bytes: &[u8]) {
                 !row.record.as_ref().is_some_and(|record| escapes_unpaired_surrogate(&record.0)),
                 "a row with an unpaired surrogate escape"
             );
-            assert_eq!(row.key, RecordKey::of(&format!("{}-0", writer.instance())));
+            assert_eq!(row.key, RecordKey::of(&format!("{INSTANCE}-0")));
             assert_eq!(row.key.seq, 0, "an agent's id is its instance uuid and sequence");
             assert_eq!(row.clone().into_written(), line.as_bytes(), "the row does not hold the line the agent read");
             assert_eq!(row.ingest_time, now);
@@ -132,10 +137,19 @@ fn check_dead(letter: &DeadLetter, value: Option<&[u8]>) {
     assert_eq!(letter.payload.as_deref(), value, "a dead letter keeps the message byte for byte");
     assert_eq!(letter.reason == DeadLetterReason::EmptyMessage, value.is_none(), "empty_message is for a message without value");
     if letter.reason == DeadLetterReason::UnpairedSurrogate {
-        let text = value.and_then(|value| std::str::from_utf8(value).ok()).unwrap_or_default();
+        let text = value.and_then(|value| std::str::from_utf8(record_part(value)).ok()).unwrap_or_default();
         assert!(escapes_unpaired_surrogate(text), "an unpaired_surrogate dead letter for {text:?}");
     }
     assert_eq!(letter.origin, origin());
+}
+
+/// Where the record is in a message: after a binary envelope's header; a JSON envelope's is
+/// somewhere in the whole.
+fn record_part(value: &[u8]) -> &[u8] {
+    match value {
+        [BINARY_VERSION, high, low, ..] => value.get(usize::from(u16::from_be_bytes([*high, *low]))..).unwrap_or_default(),
+        _ => value,
+    }
 }
 
 fn storable_error(error: &str) {
@@ -201,9 +215,13 @@ fn check_row(row: &Row, value: &[u8]) {
     }
 }
 
-/// The row says what the envelope, read the plain way (a `serde_json::Value`), says. Skipped
-/// for envelopes a `Value` cannot hold (nested deeper than serde_json's limit).
+/// The row says what the envelope says: a binary one read field by field here (docs/PROTOCOL.md),
+/// a JSON one the plain way (a `serde_json::Value`; skipped for envelopes a `Value` cannot hold,
+/// nested deeper than serde_json's limit).
 fn agrees_with_envelope(row: &Row, value: &[u8]) {
+    if value.first() == Some(&BINARY_VERSION) {
+        return agrees_with_binary_envelope(row, value);
+    }
     let Ok(Value::Object(envelope)) = serde_json::from_slice::<Value>(value) else { return };
     let text = |value: Option<&Value>| value.and_then(Value::as_str).map(str::to_owned);
     assert_eq!(envelope.get("v").and_then(Value::as_u64), Some(1), "a row from an envelope of another version");
@@ -238,6 +256,41 @@ fn agrees_with_envelope(row: &Row, value: &[u8]) {
     {
         assert_eq!(&parsed, record, "the record column is not the envelope's record");
     }
+}
+
+/// [`agrees_with_envelope`] for a binary envelope, read as the protocol's text says.
+fn agrees_with_binary_envelope(row: &Row, value: &[u8]) {
+    let header = usize::from(u16::from_be_bytes([value[1], value[2]]));
+    let instance = &value[3..19];
+    let sequence = u64::from_be_bytes(value[19..27].try_into().expect("8 bytes"));
+    let micros = i64::from_be_bytes(value[27..35].try_into().expect("8 bytes"));
+    let flags = value[35];
+    let hex: String = instance.iter().map(|byte| format!("{byte:02x}")).collect();
+    assert_eq!(row.key, RecordKey::of(&format!("{hex}-{sequence}")), "the key of a binary id");
+    assert_eq!(row.ingest_time.timestamp_micros(), micros, "the ingest time");
+    let mut at = 36;
+    let mut take = |len: usize| {
+        let bytes = &value[at..at + len];
+        at += len;
+        bytes
+    };
+    let int = |bytes: &[u8]| bytes.iter().fold(0u64, |n, &byte| (n << 8) | u64::from(byte));
+    let pid = (flags & 2 != 0).then(|| int(take(4)) as u32 as i32);
+    let (uid, gid) = if flags & 1 != 0 { (Some(int(take(4)) as i64), Some(int(take(4)) as i64)) } else { (None, None) };
+    assert_eq!((row.peer_pid, row.peer_uid, row.peer_gid), (pid, uid, gid), "the peer");
+    for (bit, column) in [(4, &row.pod_name), (8, &row.pod_namespace), (16, &row.container_name), (32, &row.node_name)] {
+        let field = (flags & bit != 0).then(|| {
+            let len = int(take(2)) as usize;
+            String::from_utf8(take(len).to_vec()).expect("a row's pod field is UTF-8")
+        });
+        assert_eq!(&field, column, "pod field {bit}");
+    }
+    drop(take);
+    assert_eq!(at, header, "the header is its fields");
+    let record = std::str::from_utf8(&value[header..]).expect("a row's record is UTF-8");
+    let stored = row.record.as_ref().map_or_else(|| row.message.clone().unwrap_or_default(), |json| json.0.clone());
+    assert_eq!(stored, record, "the row holds the record after the header, as it is");
+    assert_eq!(row.format == "json", sluice::envelope::is_json_object(record), "the record's format");
 }
 
 /// Fields that name the event time, in order of preference (as `row.rs` reads them).

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use chrono::{TimeZone, Utc};
 use sluice::buffer::spool::segment::HEADER;
 use sluice::buffer::spool::{Entry, Fsync, Spool, SpoolConfig};
-use sluice::envelope::{EnvelopeWriter, Peer, PodMetadata};
+use sluice::envelope::{EnvelopeKind, EnvelopeWriter, Peer, PeerFragment, PodMetadata};
 
 fn seeds(target: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
@@ -26,13 +26,18 @@ fn put(dir: &Path, name: &str, mode: u8, body: &[u8]) {
 }
 
 fn envelope(line: &str) -> Vec<u8> {
+    envelope_as(EnvelopeKind::Json, line)
+}
+
+fn envelope_as(kind: EnvelopeKind, line: &str) -> Vec<u8> {
     let pod = PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: None };
-    let writer = EnvelopeWriter::with_instance(&pod, "0197a5c0f0e07d3a8f1e2b3c4d5e6f70".into());
-    let peer = EnvelopeWriter::peer_fragment(&Peer { pid: Some(42), uid: 1000, gid: 1000 });
+    let instance = uuid::Uuid::parse_str("0197a5c0f0e07d3a8f1e2b3c4d5e6f70").expect("a uuid");
+    let writer = EnvelopeWriter::with_instance(&pod, instance, kind);
+    let peer = PeerFragment::new(Some(Peer { pid: Some(42), uid: 1000, gid: 1000 }));
     let now = Utc.with_ymd_and_hms(2026, 6, 1, 12, 0, 0).single().expect("a valid time");
-    let mut out = Vec::new();
+    let mut out = bytes::BytesMut::new();
     writer.write(line, &peer, now, &mut out);
-    out
+    out.to_vec()
 }
 
 fn deep(depth: usize, inner: &str) -> String {
@@ -77,6 +82,14 @@ fn write_row_and_segment_seeds() {
     let v2 =
         String::from_utf8(envelope(r#"{"msg":"from the future"}"#)).expect("utf-8").replace(r#""v":1"#, r#""v":2"#);
     put(&row, "v2_unsupported", message, v2.as_bytes());
+    put(&row, "binary_json", message, &envelope_as(EnvelopeKind::Binary, r#"{"ts":1780315200.5,"level":"WARN","msg":"x"}"#));
+    put(&row, "binary_text", message, &envelope_as(EnvelopeKind::Binary, "plain \"text\" line \\ ü"));
+    let binary = envelope_as(EnvelopeKind::Binary, r#"{"msg":"cut short"}"#);
+    put(&row, "binary_truncated", message, &binary[..20]);
+    let mut future = binary.clone();
+    future[0] = 3;
+    put(&row, "binary_unsupported", message, &future);
+    put(&row, "binary_nul_in_record", message, &envelope_as(EnvelopeKind::Binary, r#"{"msg":"a\u0000b"}"#));
     let whole = envelope(r#"{"msg":"cut short"}"#);
     put(&row, "truncated", message, &whole[..whole.len() / 2]);
     put(&row, "no_value", message, b"");
@@ -107,6 +120,8 @@ fn write_row_and_segment_seeds() {
         br#"{"@timestamp":"2026-06-01T11:59:59.5+02:00","severity":"Error","message":"boom","dup":1,"dup":2}"#,
     );
     put(&row, "line_text", line, "tab\there \"quoted\" \\u0000 literal ü".as_bytes());
+    let line_json = 3;
+    put(&row, "line_json_envelope", line_json, br#"{"level":"info","msg":"in the JSON envelope"}"#);
     put(
         &row,
         "line_deep_nul",

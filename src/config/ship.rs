@@ -9,6 +9,7 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use super::{At, ConfigError};
+pub use crate::envelope::EnvelopeKind;
 
 /// `ship.linger`'s default (see [`ShipConfig::linger`]).
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
@@ -39,6 +40,11 @@ pub struct ShipConfig {
     pub key: KeySource,
     /// The field used when `key = "field"`. Records without it are sent without a key.
     pub key_field: Option<String>,
+    /// How records are encoded in Kafka: `"binary"` (a binary header, then the record as
+    /// written: fewer bytes and less CPU per record) or `"json"` (the JSON envelope every
+    /// persister reads; for upgrading agents before their persisters). docs/PROTOCOL.md
+    /// specifies both. Default `"binary"`.
+    pub envelope: EnvelopeKind,
     /// librdkafka properties for the producer only, applied after `kafka.properties`.
     pub properties: BTreeMap<String, String>,
 }
@@ -52,6 +58,7 @@ impl Default for ShipConfig {
             delivery_timeout: Duration::from_secs(120),
             key: KeySource::None,
             key_field: None,
+            envelope: EnvelopeKind::Binary,
             properties: BTreeMap::new(),
         }
     }

@@ -33,7 +33,7 @@ use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
 use crate::buffer::ack::AckTracker;
 use crate::config::Protocol;
-use crate::envelope::{EnvelopeWriter, Peer};
+use crate::envelope::{Peer, PeerFragment};
 use crate::telemetry::outcome::{ConnectionRefused, Rejected};
 
 /// After shutdown starts, a connection keeps reading while data keeps coming, and stops once it
@@ -103,7 +103,7 @@ pub async fn serve(
     let mut room = ReadRoom::new(&ingest, listener.config.max_record_bytes());
     let limit_key =
         listener.limits.as_ref().map_or(super::limit::LimitKey::Connection(id), |l| l.key_for(id, peer.uid));
-    let mut sink = RecordSink::new(&ingest, &listener, limit_key, EnvelopeWriter::peer_fragment(&peer));
+    let mut sink = RecordSink::new(&ingest, &listener, limit_key, PeerFragment::new(Some(peer)));
     let mut replies =
         Replies { write_half: None, tracker: None, task: None, chunks: None, writer_gone: CancellationToken::new() };
     let idle = listener.config.idle_timeout;
@@ -115,7 +115,7 @@ pub async fn serve(
         let ready = frames.next().now_or_never();
         if ready.is_none() {
             // Nothing more to read right now: publish the counts before waiting.
-            sink.idle();
+            sink.flush_counters();
         }
         let next = if let Some(next) = ready {
             next

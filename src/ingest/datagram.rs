@@ -22,6 +22,7 @@ use tracing::{debug, warn};
 use super::limit::LimitKey;
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
+use crate::envelope::PeerFragment;
 use crate::telemetry::outcome::Rejected;
 
 /// Receives datagrams until `stop`, then removes the socket's path (a writer's next `sendto`
@@ -37,12 +38,12 @@ pub async fn serve(
 ) {
     let max = listener.config.max_record_bytes();
     let mut buf = vec![0u8; max + 1];
-    let mut sink = RecordSink::new(&ingest, &listener, LimitKey::Connection(0), String::new());
+    let mut sink = RecordSink::new(&ingest, &listener, LimitKey::Connection(0), PeerFragment::new(None));
     while !stop.is_cancelled() {
         let received = match socket.try_recv(&mut buf) {
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 // Nothing queued: publish the counts before waiting.
-                sink.idle();
+                sink.flush_counters();
                 tokio::select! {
                     biased;
                     received = socket.recv(&mut buf) => received,

@@ -16,20 +16,25 @@ use super::{IngestContext, KeyRule, ListenerContext, record, syslog};
 use crate::buffer::Admission;
 use crate::buffer::ack::Ack;
 use crate::config::{Protocol, RateLimitAction};
+use crate::envelope::PeerFragment;
 use crate::telemetry::outcome::{Failed, Rejected};
 
 /// Flush local counters after this many records.
 const COUNTER_FLUSH_EVERY: u64 = 256;
 
-/// Room an envelope takes beyond its record: ids, time, pod and peer (bounded by the
-/// writer's own reserve), and a text record's escapes beyond that are reserved as it is written.
-const ENVELOPE_ROOM: usize = 512;
+/// Bytes of one envelope arena: a connection's small envelopes are written one after the other
+/// into an allocation this size, each record's payload a slice of it, instead of an allocation
+/// each (measured: 4% less agent CPU per record at the max rate, docs/PERFORMANCE.md). An arena
+/// is freed when the last of its records is handed to librdkafka. A connection's records leave
+/// the buffer oldest first, so besides the records the budget counts, its arenas hold at most the
+/// unused part of the one it writes into and the already-sent part of the oldest one still
+/// alive (< 2 × this), plus less than [`ARENA_RECORD`] at the end of each full one. Kept while the
+/// connection waits: an arena let go half-used would be held by its few records alone.
+const ARENA_BYTES: usize = 8 * 1024;
 
-/// Bytes of one envelope arena: the records a connection reads share an allocation this size
-/// (each record's payload is a slice of it, freed when the last of them is sent), instead of
-/// one allocation each. Let go whenever the connection waits for input, so an idle connection
-/// holds none.
-const ARENA_BYTES: usize = 16 * 1024;
+/// The largest envelope written into an arena; a larger one gets an allocation of its own
+/// (nothing of it stays with the connection).
+const ARENA_RECORD: usize = 1024;
 
 #[derive(Clone, Copy)]
 enum Bucket {
@@ -44,9 +49,11 @@ pub struct RecordSink<'a> {
     /// Whose rate-limit bucket records are charged to.
     limit_key: LimitKey,
     admission: Admission,
-    /// `"peer":{...},`, or empty where the socket cannot tell (datagrams).
-    peer_fragment: String,
-    /// Where envelopes are written: each record's payload is split off it (see [`ARENA_BYTES`]).
+    /// The connection's peer as envelopes carry it (none where the socket cannot tell:
+    /// datagrams).
+    peer: PeerFragment,
+    /// Where small envelopes are written: each record's payload is split off it (see
+    /// [`ARENA_BYTES`]).
     arena: BytesMut,
     /// The key rule as last read, with the generation it was read at.
     key_rule: Option<(u64, KeyRule)>,
@@ -63,14 +70,14 @@ impl<'a> RecordSink<'a> {
         ingest: &'a IngestContext,
         listener: &'a ListenerContext,
         limit_key: LimitKey,
-        peer_fragment: String,
+        peer: PeerFragment,
     ) -> Self {
         Self {
             ingest,
             listener,
             limit_key,
             admission: Admission::default(),
-            peer_fragment,
+            peer,
             arena: BytesMut::new(),
             key_rule: None,
             transformed: Vec::new(),
@@ -144,11 +151,19 @@ impl<'a> RecordSink<'a> {
             }
         }
         let now = chrono::Utc::now();
-        if self.arena.capacity() - self.arena.len() < text.len() + ENVELOPE_ROOM {
-            self.arena = BytesMut::with_capacity(ARENA_BYTES.max(2 * (text.len() + ENVELOPE_ROOM)));
-        }
-        self.ingest.envelopes.write(text, &self.peer_fragment, now, &mut self.arena);
-        let payload = self.arena.split().freeze();
+        // Room for the envelope (a JSON envelope's escapes beyond it are reserved as written).
+        let room = text.len() + self.ingest.envelopes.headroom();
+        let payload = if room <= ARENA_RECORD {
+            if self.arena.capacity() - self.arena.len() < room {
+                self.arena = BytesMut::with_capacity(ARENA_BYTES);
+            }
+            self.ingest.envelopes.write(text, &self.peer, now, &mut self.arena);
+            self.arena.split().freeze()
+        } else {
+            let mut own = BytesMut::with_capacity(room);
+            self.ingest.envelopes.write(text, &self.peer, now, &mut own);
+            own.freeze()
+        };
         let key = match self.ingest.key.current(&mut self.key_rule) {
             KeyRule::None => None,
             KeyRule::Fixed(key) => Some(key.clone()),
@@ -225,13 +240,6 @@ impl<'a> RecordSink<'a> {
     fn abandoned(&self) {
         Failed::DrainTimeout.count(1);
         self.ingest.abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The connection waits for input: publishes its counts and lets its envelope arena go
-    /// (records already split off it keep what they use).
-    pub fn idle(&mut self) {
-        self.flush_counters();
-        self.arena = BytesMut::new();
     }
 
     /// Adds the local counts to the listener's counters.

@@ -14,7 +14,7 @@ use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAcces
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::envelope::{Envelope, Format};
+use crate::envelope::{Body, Envelope, Format, RecordId};
 use crate::telemetry::outcome::DeadLetterReason;
 
 #[cfg(test)]
@@ -105,7 +105,30 @@ impl RecordKey {
     }
 }
 
+impl RecordKey {
+    /// The key of a binary envelope's id: the same as the text id `<instance as 32 lowercase
+    /// hex digits>-<sequence>` ([`RecordKey::of`]), so a record redelivered in the other
+    /// encoding (a spool written before an upgrade) is still one row.
+    pub fn of_parts(instance: [u8; 16], sequence: u64) -> Self {
+        match i64::try_from(sequence) {
+            Ok(seq) if seq < MAX_SEQUENCE => Self { agent: AgentId::of_bytes(instance), seq },
+            _ => Self::of(&format!("{}-{sequence}", uuid::Uuid::from_bytes(instance).simple())),
+        }
+    }
+}
+
+/// Sequences below this (18 digits) are taken as they are (see [`RecordKey`]).
+const MAX_SEQUENCE: i64 = 1_000_000_000_000_000_000;
+
 impl AgentId {
+    /// The id of an instance given as 16 bytes: the same as [`AgentId::of`] of their hex.
+    pub fn of_bytes(instance: [u8; 16]) -> Self {
+        if instance[8] & 0xc0 == 0x80 {
+            return Self(instance);
+        }
+        Self::hashed(&uuid::Uuid::from_bytes(instance).simple().to_string())
+    }
+
     /// The uuid of agent instance `instance`.
     pub fn of(instance: &str) -> Self {
         let bytes = instance.as_bytes();
@@ -285,20 +308,14 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         Ok(envelope) => envelope,
         Err(error) => return dead(origin, error.reason(), error.to_string(), Some(bytes)),
     };
-    let payload = match envelope.payload() {
-        Ok(payload) => payload,
-        Err(error) => return dead(origin, error.reason(), error.to_string(), Some(bytes)),
-    };
-    let record = envelope.record.get();
     // PostgreSQL's text cannot hold U+0000, and `json` holds an unpaired surrogate escape only
     // to fail every query that reads it: such a record is kept as bytes instead.
-    // A text record stores only its line (the payload): the rest of its object is not looked at.
-    let unstorable = if payload.contains('\0') {
-        Some(DeadLetterReason::ContainsNul)
-    } else if envelope.format == Format::Json {
-        unstorable_escape(record)
-    } else {
-        None
+    // A text record stores only its line: the rest of a JSON envelope's object is not looked at.
+    let unstorable = match &envelope.body {
+        Body::Json(record) if record.contains('\0') => Some(DeadLetterReason::ContainsNul),
+        Body::Json(record) => unstorable_escape(record),
+        Body::Text(line) if line.contains('\0') => Some(DeadLetterReason::ContainsNul),
+        Body::Text(_) => None,
     };
     match unstorable {
         Some(DeadLetterReason::ContainsNul) => {
@@ -320,7 +337,11 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         None => {}
     }
     let pod = &envelope.pod;
-    if [Some(&envelope.id), pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
+    let text_id = match &envelope.id {
+        RecordId::Text(id) => Some(id),
+        RecordId::Parts { .. } => None,
+    };
+    if [text_id, pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
         .into_iter()
         .flatten()
         .any(|text| text.contains('\0'))
@@ -332,9 +353,10 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
             Some(bytes),
         );
     }
-    let (event_time, level, message) = match envelope.format {
+    let format = envelope.body.format();
+    let (event_time, level, message, record) = match envelope.body {
         // The message stays in the record: `log_message` in migration V3 derives it.
-        Format::Json => {
+        Body::Json(record) => {
             let fields = match serde_json::from_str::<DerivedFields<'_>>(record) {
                 Ok(fields) => fields,
                 Err(error) => return dead(origin, DeadLetterReason::MalformedEnvelope, error.to_string(), Some(bytes)),
@@ -343,18 +365,22 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
                 fields.first(TIME_FIELDS).and_then(|value| event_time(&value)),
                 fields.first(LEVEL_FIELDS).and_then(|value| level(&value)),
                 None,
+                Some(JsonText(record.to_owned())),
             )
         }
-        Format::Text => (None, None, Some(payload.into_owned())),
+        Body::Text(line) => (None, None, Some(line.into_owned()), None),
     };
     let peer = envelope.peer.unwrap_or_default();
     Parsed::Row(Box::new(Row {
-        key: RecordKey::of(&envelope.id),
+        key: match &envelope.id {
+            RecordId::Text(id) => RecordKey::of(id),
+            RecordId::Parts { instance, sequence } => RecordKey::of_parts(*instance, *sequence),
+        },
         ingest_time: envelope.ingest_time,
         event_time,
         level,
         message,
-        format: match envelope.format {
+        format: match format {
             Format::Json => "json",
             Format::Text => "text",
         },
@@ -365,10 +391,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         peer_pid: peer.pid,
         peer_uid: peer.uid.map(i64::from),
         peer_gid: peer.gid.map(i64::from),
-        record: match envelope.format {
-            Format::Json => Some(JsonText(record.to_owned())),
-            Format::Text => None,
-        },
+        record,
         origin,
     }))
 }

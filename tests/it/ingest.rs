@@ -58,10 +58,15 @@ async fn a_slow_writer_without_newline_does_not_stop_other_connections() {
 
 /// Issue 12, item 2: every message is sized to fit the buffer and librdkafka; a text line whose
 /// JSON-escaped form would outgrow that bound (control characters escape to six bytes) is refused
-/// as `too_large` instead of waiting forever for room.
+/// as `too_large` instead of waiting forever for room (the JSON envelope; the binary one carries
+/// a line as it is: next test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_large() {
-    let pipeline = Scenario::new("escaped").listener("default", "max_record_size", "1 KiB").pipeline().await;
+    let pipeline = Scenario::new("escaped")
+        .listener("default", "max_record_size", "1 KiB")
+        .set("ship", "envelope", "json")
+        .pipeline()
+        .await;
     let (config, db) = (&pipeline.config, &pipeline.db);
     let quotes = vec![b'"'; 1024]; // escapes to 2 KiB: within the bound
     send_lines(&config.socket(), &[vec![0x01; 1024], quotes.clone(), b"after".to_vec()]).await;
@@ -76,4 +81,25 @@ async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_lar
     assert_eq!(payloads, vec![String::from_utf8(quotes).expect("utf-8"), "after".to_string()]);
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]), 1.0);
+}
+
+/// The binary envelope escapes nothing: a line of control characters at the record limit is
+/// carried as it is, and stored as it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_line_of_control_characters_at_the_limit_is_carried_as_it_is_in_the_binary_envelope() {
+    let pipeline = Scenario::new("unescaped").listener("default", "max_record_size", "1 KiB").pipeline().await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    let controls = vec![0x01; 1024];
+    send_lines(&config.socket(), &[controls.clone(), b"after".to_vec()]).await;
+    until_rows(db, 2).await;
+    let payloads: Vec<String> = db
+        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads, vec![String::from_utf8(controls).expect("utf-8"), "after".to_string()]);
+    let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]), 0.0);
 }

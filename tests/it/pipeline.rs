@@ -124,6 +124,49 @@ async fn records_carry_the_envelope_metadata_into_their_row() {
     assert_eq!(&row.get::<_, String>(9), topic);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_in_either_envelope_become_the_same_rows_through_one_persister() {
+    let mut pipeline = Scenario::new("envelopes").pipeline().await;
+    let lines: Vec<Vec<u8>> = [
+        r#"{"time":"2026-03-04T05:06:07.5Z","severity":"WARN","message":"disk at 91%","n":1.50}"#,
+        "plain \"text\" ü \\ tab\there {not json}",
+        r#"{ "a" : 1, "a": [2e3] }"#,
+    ]
+    .iter()
+    .map(|line| line.as_bytes().to_vec())
+    .collect();
+    // The default agent writes binary envelopes; then one told `ship.envelope = "json"`, as an
+    // agent upgraded before its persisters is.
+    send_lines(&pipeline.config.socket(), &lines).await;
+    until_rows(&pipeline.db, 3).await;
+    pipeline.agent.stop(Duration::from_secs(30)).await;
+    pipeline.config.set("ship", "envelope", "json");
+    let _json_agent = start_agent(&pipeline.config).await;
+    send_lines(&pipeline.config.socket(), &lines).await;
+    until_rows(&pipeline.db, 6).await;
+
+    let brokers = pipeline.config.table["kafka"]["brokers"].as_str().expect("brokers").to_owned();
+    let encodings = read_topic(&brokers, &pipeline.topic).await.first_bytes;
+    assert_eq!(encodings, [2, 2, 2, b'{', b'{', b'{'], "three binary envelopes, then three JSON ones");
+    let rows: Vec<Vec<Option<String>>> = pipeline
+        .db
+        .query(
+            "SELECT format, coalesce(record::text, message), level, event_time::text, peer_uid::text, \
+             peer_pid::text, ingest_time::text FROM logs ORDER BY ingest_time, seq",
+            &[],
+        )
+        .await
+        .expect("rows")
+        .iter()
+        .map(|row| (0..7).map(|column| row.get::<_, Option<String>>(column)).collect())
+        .collect();
+    let without_time = |row: &Vec<Option<String>>| row[..6].to_vec();
+    let (binary, json) = rows.split_at(3);
+    assert_eq!(binary.iter().map(without_time).collect::<Vec<_>>(), json.iter().map(without_time).collect::<Vec<_>>());
+    let written: Vec<String> = binary.iter().map(|row| row[1].clone().unwrap_or_default()).collect();
+    assert_eq!(written, lines.iter().map(|line| String::from_utf8_lossy(line).into_owned()).collect::<Vec<_>>());
+}
+
 /// The uid of this process, read from /proc (the crate forbids unsafe code, so no libc call).
 fn unsafe_free_uid() -> u32 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");

@@ -172,6 +172,8 @@ pub struct TopicContents {
     pub messages: u64,
     pub ids: Vec<String>,
     pub payloads: Vec<String>,
+    /// Each message's first byte: its envelope's encoding (`{` JSON, 2 binary).
+    pub first_bytes: Vec<u8>,
 }
 
 impl TopicContents {
@@ -204,7 +206,8 @@ pub async fn read_topic(bootstrap: &str, topic: &str) -> TopicContents {
                 remaining += (high - low) as u64;
             }
         }
-        let mut contents = TopicContents { messages: 0, ids: Vec::new(), payloads: Vec::new() };
+        let mut contents =
+            TopicContents { messages: 0, ids: Vec::new(), payloads: Vec::new(), first_bytes: Vec::new() };
         if remaining > 0 {
             consumer.assign(&assignment).expect("assign");
         }
@@ -215,10 +218,11 @@ pub async fn read_topic(bootstrap: &str, topic: &str) -> TopicContents {
             let message = message.expect("message");
             contents.messages += 1;
             let value = message.payload().unwrap_or_default();
+            contents.first_bytes.push(value.first().copied().unwrap_or_default());
             match sluice::envelope::Envelope::parse(value) {
                 Ok(envelope) => {
-                    contents.payloads.push(envelope.payload().map(|p| p.into_owned()).unwrap_or_default());
-                    contents.ids.push(envelope.id.into_owned());
+                    contents.payloads.push(envelope.body.written().to_owned());
+                    contents.ids.push(envelope.id.text().into_owned());
                 }
                 Err(_) => {
                     contents.payloads.push(String::from_utf8_lossy(value).into_owned());

@@ -13,7 +13,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use serde::Serialize;
-use sluice::envelope::{EnvelopeWriter, PodMetadata};
+use sluice::envelope::{EnvelopeWriter, Peer, PeerFragment, PodMetadata};
 
 use super::{BenchError, Shape};
 
@@ -70,9 +70,16 @@ fn send_waiting<P: rdkafka::message::ToBytes + ?Sized>(
     }
 }
 
+/// This process as a writer's peer, as the agent reads its writers' (`SO_PEERCRED`).
+fn own_peer() -> Peer {
+    use std::os::unix::fs::MetadataExt;
+    let (uid, gid) = std::fs::metadata("/proc/self").map_or((0, 0), |own| (own.uid(), own.gid()));
+    Peer { pid: i32::try_from(std::process::id()).ok(), uid, gid }
+}
+
 /// The shipping ceiling: a raw librdkafka producer with the agent's settings (acks=all,
 /// idempotence, compression, linger, batch size: `sluice::ship::producer_config` for `config`)
-/// sending `records` envelopes like the agent's for records of `shape` to `topic`, as fast as
+/// sending `records` envelopes like the agent's (`ship.envelope`, a writer's peer) for records of `shape` to `topic`, as fast as
 /// librdkafka takes them, until every one is acknowledged.
 #[expect(clippy::disallowed_methods, reason = "a blocking call by design, run off the async runtime")]
 pub fn producer_ceiling(
@@ -98,7 +105,9 @@ pub fn producer_ceiling(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let envelopes = EnvelopeWriter::new(&PodMetadata::default());
+    let envelopes = EnvelopeWriter::new(&PodMetadata::default(), config.ship.envelope);
+    // The agent carries its writer's credentials: so do these messages.
+    let peer = PeerFragment::new(Some(own_peer()));
     let mut envelope = bytes::BytesMut::new();
     let mut bytes = 0u64;
     let started = Instant::now();
@@ -106,7 +115,7 @@ pub fn producer_ceiling(
         let line = shape.line(0, index);
         let text = std::str::from_utf8(&line[..line.len() - 1]).unwrap_or_default();
         envelope.clear();
-        envelopes.write(text, "", chrono::Utc::now(), &mut envelope);
+        envelopes.write(text, &peer, chrono::Utc::now(), &mut envelope);
         bytes += envelope.len() as u64;
         send_waiting(&producer, BaseRecord::<(), [u8]>::to(topic).payload(&envelope[..]))?;
     }
@@ -249,7 +258,7 @@ pub fn topic_records(brokers: &str, topic: &str) -> Result<TopicRecords, BenchEr
         messages += 1;
         let payload = message.payload().unwrap_or_default();
         match sluice::envelope::Envelope::parse(payload) {
-            Ok(envelope) => ids.insert(envelope.id.into_owned().into_bytes()),
+            Ok(envelope) => ids.insert(envelope.id.text().into_owned().into_bytes()),
             Err(_) => ids.insert(payload.to_vec()),
         };
     }

@@ -291,3 +291,69 @@ fn the_window_refuses_rows_older_than_retention_and_further_ahead_than_the_skew(
     assert_eq!(earlier.refuses(&row).map(|(reason, _)| reason), Some(DeadLetterReason::IngestTimeInFuture));
     assert_eq!(Window { oldest_day: None, ..window }.refuses(&row), None, "retention 0 keeps everything");
 }
+
+/// The same record written by an agent in each encoding.
+fn written(kind: crate::envelope::EnvelopeKind, line: &str) -> Vec<u8> {
+    use crate::envelope::{EnvelopeWriter, Peer, PeerFragment, PodMetadata};
+    let pod = PodMetadata { name: Some("web".into()), namespace: Some("shop".into()), container: None, node: None };
+    let instance = uuid::Uuid::parse_str("0197a5c0f0e07d3a8f1e2b3c4d5e6f70").expect("a uuid");
+    let writer = EnvelopeWriter::with_instance(&pod, instance, kind);
+    let peer = PeerFragment::new(Some(Peer { pid: Some(9), uid: 1000, gid: 1001 }));
+    let now = Utc.with_ymd_and_hms(2026, 11, 30, 1, 2, 3).single().expect("a time");
+    let mut out = bytes::BytesMut::new();
+    writer.write(line, &peer, now, &mut out);
+    out.to_vec()
+}
+
+#[test]
+fn a_record_in_the_binary_envelope_becomes_the_row_its_json_envelope_becomes() {
+    use crate::envelope::EnvelopeKind::{Binary, Json};
+    let lines = [
+        r#"{"ts":1764464523.5,"lvl":"ERROR","msg":"boom","n":1.50}"#,
+        r#"{ "a":1.50,  "a" : 2 }"#,
+        "plain \"quoted\" text",
+        "{not json}",
+        "",
+    ];
+    for line in lines {
+        let (Parsed::Row(binary), Parsed::Row(json)) =
+            (parse(Some(&written(Binary, line)), origin()), parse(Some(&written(Json, line)), origin()))
+        else {
+            panic!("rows for {line:?}")
+        };
+        assert_eq!(binary, json, "{line:?}");
+        assert_eq!(binary.into_written(), line.as_bytes());
+    }
+}
+
+#[test]
+fn a_binary_envelopes_nul_or_surrogate_escape_is_a_dead_letter_as_in_json() {
+    use crate::envelope::EnvelopeKind::Binary;
+    for (line, reason) in [
+        ("a\0b", DeadLetterReason::ContainsNul),
+        (r#"{"k":"a\u0000"}"#, DeadLetterReason::ContainsNul),
+        (r#"{"k":"\ud800"}"#, DeadLetterReason::UnpairedSurrogate),
+    ] {
+        let message = written(Binary, line);
+        let Parsed::Dead(letter) = parse(Some(&message), origin()) else { panic!("a dead letter for {line:?}") };
+        assert_eq!(letter.reason, reason, "{line:?}");
+        assert_eq!(letter.payload.as_deref(), Some(&message[..]), "kept byte for byte");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(crate::test_support::prop_config(1024))]
+
+    #[test]
+    fn a_binary_ids_key_is_the_key_of_the_same_id_as_text(
+        instance in proptest::prelude::any::<[u8; 16]>(),
+        sequence in proptest::prop_oneof![
+            0u64..1000,
+            999_999_999_999_999_000u64..1_000_000_000_000_001_000,
+            proptest::prelude::any::<u64>(),
+        ],
+    ) {
+        let text = format!("{}-{sequence}", uuid::Uuid::from_bytes(instance).simple());
+        proptest::prop_assert_eq!(RecordKey::of_parts(instance, sequence), RecordKey::of(&text));
+    }
+}
