@@ -184,13 +184,34 @@ impl Ages {
     }
 
     fn released(&self, ingest_ms: u64) {
+        self.released_many(std::iter::once(ingest_ms));
+    }
+
+    /// Records held since `ingest_ms` each are let go (one lock for all of them).
+    fn released_many(&self, ingest_ms: impl IntoIterator<Item = u64>) {
         let mut seconds = self.lock();
-        let second = ingest_ms / 1000;
-        if let Some(count) = seconds.get_mut(&second) {
-            *count -= 1;
-            if *count == 0 {
-                seconds.remove(&second);
+        let mut release = |second: u64, released: u64| {
+            if let Some(count) = seconds.get_mut(&second) {
+                *count = count.saturating_sub(released);
+                if *count == 0 {
+                    seconds.remove(&second);
+                }
             }
+        };
+        // Consecutive records mostly share their second: one map step per run.
+        let mut run: Option<(u64, u64)> = None;
+        for second in ingest_ms.into_iter().map(|ms| ms / 1000) {
+            run = match run {
+                Some((at, count)) if at == second => Some((at, count + 1)),
+                Some((at, count)) => {
+                    release(at, count);
+                    Some((second, 1))
+                }
+                None => Some((second, 1)),
+            };
+        }
+        if let Some((at, count)) = run {
+            release(at, count);
         }
     }
 

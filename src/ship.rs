@@ -38,6 +38,7 @@ use crate::telemetry::outcome::{self, Dropped, Failed};
 mod model;
 mod polled;
 mod report;
+mod settle;
 #[cfg(test)]
 mod tests;
 
@@ -169,6 +170,8 @@ fn retire(old: Arc<Producer_>, flush: Duration) {
             next_report += RETIRE_REPORT_EVERY;
         }
     }
+    // Reported, and perhaps still queued for the settling thread: settled before it is gone.
+    old.context().settler.settle_now();
     drop(old);
 }
 

@@ -172,6 +172,12 @@ impl metrics::HistogramFn for NoticedHistogram {
         self.inner.record(value);
         self.recorded.notify_one();
     }
+
+    /// One notice for all of them (a batch of deliveries records its runs of equal latency so).
+    fn record_many(&self, value: f64, count: usize) {
+        self.inner.record_many(value, count);
+        self.recorded.notify_one();
+    }
 }
 
 impl metrics::Recorder for NoticingRecorder {

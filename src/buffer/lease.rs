@@ -30,6 +30,17 @@ impl Lease {
         self.records.num_permits()
     }
 
+    /// Adds `other`'s room to this lease, so that many records' room goes back to the budget in
+    /// one return; a lease from other pools (the backlog's reserve) goes back on its own.
+    pub fn absorb(&mut self, other: Lease) {
+        if Arc::ptr_eq(self.bytes.semaphore(), other.bytes.semaphore())
+            && Arc::ptr_eq(self.records.semaphore(), other.records.semaphore())
+        {
+            self.bytes.merge(other.bytes);
+            self.records.merge(other.records);
+        }
+    }
+
     /// Takes `cost` bytes and one record out of this (larger) lease.
     pub(super) fn split(&mut self, cost: usize) -> Option<Lease> {
         let bytes = self.bytes.split(cost)?;
@@ -97,8 +108,18 @@ impl Buffer {
 
     /// A record handed to the shipper is settled (delivered or given up): its share returns.
     pub fn settled(&self, bytes: usize, ingest_ms: u64) {
-        if self.shared.spool.is_none() {
-            self.shared.ages.released(ingest_ms);
+        self.settled_many(std::iter::once((bytes, ingest_ms)));
+    }
+
+    /// [`Buffer::settled`] for many records (their lease bytes and ingest times) at once.
+    pub fn settled_many(&self, records: impl IntoIterator<Item = (usize, u64)>) {
+        let mut bytes = 0;
+        match self.shared.spool {
+            None => self.shared.ages.released_many(records.into_iter().map(|(lease, ingest_ms)| {
+                bytes += lease;
+                ingest_ms
+            })),
+            Some(_) => bytes = records.into_iter().map(|(lease, _)| lease).sum(),
         }
         self.shared.shipping.fetch_sub(bytes, Ordering::Relaxed);
         if self.shared.spool.is_some() {

@@ -131,6 +131,9 @@ enum Op {
     Send,
     /// A delivery report for the record in flight at this index (modulo how many there are).
     Report { pick: usize, outcome: Outcome },
+    /// One report storing several records at once (those at these indices), settled together as
+    /// the settling thread takes them.
+    ReportBatch { picks: Vec<usize> },
     /// The producer is replaced (fatal error, or reload): what it holds comes back purged.
     Replace { fatal: bool },
     /// A config reload changes the policy.
@@ -165,6 +168,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         6 => Just(Op::Send),
         8 => (any::<usize>(), outcome).prop_map(|(pick, outcome)| Op::Report { pick, outcome }),
+        3 => proptest::collection::vec(any::<usize>(), 2..8).prop_map(|picks| Op::ReportBatch { picks }),
         1 => any::<bool>().prop_map(|fatal| Op::Replace { fatal }),
         1 => policy().prop_map(Op::Reload),
         2 => fault.prop_map(Op::Fault),
@@ -288,6 +292,8 @@ impl Kafka {
         let error = match outcome {
             Outcome::Ok => {
                 self.context.report(Ok(payload.len()), *in_flight);
+                // What the settling thread does once it wakes.
+                self.context.settler.settle_now();
                 return id;
             }
             Outcome::Retry => KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
@@ -295,6 +301,22 @@ impl Kafka {
         };
         self.context.report(Err((&error, Some(&payload), None)), *in_flight);
         id
+    }
+
+    /// One report storing the records at `picks` (indices modulo what is in flight, as they
+    /// shrink): queued, then settled together. Returns their ids.
+    fn report_batch(&mut self, picks: &[usize]) -> Vec<u64> {
+        let mut ids = Vec::new();
+        for pick in picks {
+            if self.in_flight.is_empty() {
+                break;
+            }
+            let Sent { id, payload, in_flight } = self.in_flight.remove(pick % self.in_flight.len());
+            self.context.report(Ok(payload.len()), *in_flight);
+            ids.push(id);
+        }
+        self.context.settler.settle_now();
+        ids
     }
 
     /// `retire`: every record it holds comes back through a (retryable) purge report.
@@ -592,6 +614,11 @@ impl<'a> Run<'a> {
                     self.report(at, *outcome)?;
                 }
             }
+            Op::ReportBatch { picks } => {
+                for id in self.agent.kafka.report_batch(picks) {
+                    self.delivered(id)?;
+                }
+            }
             Op::Replace { fatal } => {
                 self.agent.kafka.retire(*fatal);
                 self.agent.kafka = Kafka::new(&self.agent.buffer);
@@ -703,15 +730,20 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    /// The model's side of a record Kafka stored.
+    fn delivered(&mut self, id: u64) -> Result<(), TestCaseError> {
+        let rec = self.model.records.get_mut(&id).expect("a known record");
+        prop_assert_eq!(rec.state, State::Owed, "record {} delivered, but it was not owed", id);
+        rec.state = State::Delivered;
+        self.model.delivered += 1;
+        Ok(())
+    }
+
     fn report(&mut self, at: usize, outcome: Outcome) -> Result<(), TestCaseError> {
         let id = self.agent.kafka.report(at, outcome);
         let rec = self.model.records.get_mut(&id).expect("a known record");
         match outcome {
-            Outcome::Ok => {
-                prop_assert_eq!(rec.state, State::Owed, "record {} delivered, but it was not owed", id);
-                rec.state = State::Delivered;
-                self.model.delivered += 1;
-            }
+            Outcome::Ok => return self.delivered(id),
             Outcome::Retry => rec.kept = true,
             Outcome::Refuse => {
                 prop_assert_eq!(rec.state, State::Owed, "record {} refused by Kafka, but it was not owed", id);

@@ -19,6 +19,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::producer::BaseProducer;
 
 use super::report::ShipContext;
+use super::settle::SettleThread;
 
 /// How long one `poll` call lasts: how long the thread may take to notice it should stop (after
 /// its producer was let go: it owes no report then, and only holds the retired producer's
@@ -33,11 +34,17 @@ const POLL_WAIT: Duration = Duration::from_secs(10);
 pub struct Polled {
     producer: Arc<BaseProducer<ShipContext>>,
     stop: Arc<AtomicBool>,
+    /// The thread that settles what the reports say Kafka stored; stopped (having settled
+    /// everything queued) after the producer handle above is let go.
+    _settle: SettleThread,
 }
 
 impl Polled {
     /// Creates the producer and starts its polling thread.
     pub fn create(client: &ClientConfig, context: ShipContext) -> KafkaResult<Self> {
+        let settle = SettleThread::start(context.settler.clone()).map_err(|error| {
+            rdkafka::error::KafkaError::ClientCreation(format!("cannot start the producer's settling thread: {error}"))
+        })?;
         let producer: Arc<BaseProducer<ShipContext>> = Arc::new(client.create_with_context(context)?);
         let stop = Arc::new(AtomicBool::new(false));
         let (polled, stopping) = (producer.clone(), stop.clone());
@@ -53,7 +60,7 @@ impl Polled {
                     "cannot start the producer's polling thread: {error}"
                 ))
             })?;
-        Ok(Self { producer, stop })
+        Ok(Self { producer, stop, _settle: settle })
     }
 }
 

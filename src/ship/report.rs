@@ -1,7 +1,7 @@
 //! The delivery report: what becomes of a record once librdkafka has it.
 //!
 //! Owns: the producer's callbacks ([`ShipContext`]) — each record's delivery report deciding its
-//! fate (stored in Kafka: acknowledged and its lease released; retryable: back into the buffer
+//! fate (stored in Kafka: queued for the settling thread, [`super::settle`]; retryable: back into the buffer
 //! with the payload librdkafka hands back; given up: counted with its reason), a record the
 //! drain leaves unsent, librdkafka's statistics and client errors (a fatal one flags the producer
 //! for replacement) — and what travels with a record through librdkafka ([`InFlight`]). Must
@@ -19,6 +19,7 @@ use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
 use tracing::{error, warn};
 
+use super::settle::{Delivered, Settler};
 use super::{Disposition, classify, give_up_reason, reason};
 use crate::buffer::ack::Ack;
 use crate::buffer::spool::SpoolPos;
@@ -29,10 +30,9 @@ use crate::telemetry::outcome::{Dropped, Failed};
 /// librdkafka callbacks: delivery reports and client errors.
 pub struct ShipContext {
     buffer: Buffer,
-    delivered: Counter,
-    delivered_bytes: Counter,
+    /// Settles what Kafka stored, in batches ([`super::settle`]).
+    pub(super) settler: Arc<Settler>,
     retried: Counter,
-    latency: metrics::Histogram,
     errors: Arc<telemetry::librdkafka::ErrorTotals>,
     /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
     pub(super) fatal: Arc<AtomicBool>,
@@ -73,6 +73,21 @@ impl InFlight {
     pub(super) fn new(record: Record) -> (Bytes, Option<Bytes>, Box<InFlight>) {
         let Record { payload, key, lease, retries, pos, ingest_ms, ack } = record;
         (payload, key, Box::new(InFlight { lease, retries, pos, ingest_ms, ack }))
+    }
+
+    /// When the agent read the record (Unix ms).
+    pub(super) fn ingest_ms(&self) -> u64 {
+        self.ingest_ms
+    }
+
+    /// The budget it holds.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// What settling it releases: its lease, its spool place, its writer's ack.
+    pub(super) fn into_settled(self) -> (Lease, Option<SpoolPos>, Option<Ack>) {
+        (self.lease, self.pos, self.ack)
     }
 }
 
@@ -136,11 +151,9 @@ impl ShipContext {
     /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own.
     pub(super) fn new(buffer: Buffer) -> Self {
         Self {
+            settler: Arc::new(Settler::new(buffer.clone())),
             buffer,
-            delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
-            delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
-            latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
             errors: Arc::default(),
             fatal: Arc::new(AtomicBool::new(false)),
             last_purge: AtomicBool::new(false),
@@ -153,13 +166,8 @@ impl ShipContext {
     /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
     pub(super) fn report(&self, report: Report<'_>, in_flight: InFlight) {
         match report {
-            Ok(payload_len) => {
-                self.delivered.increment(1);
-                self.delivered_bytes.increment(payload_len as u64);
-                let latency_ms = (chrono::Utc::now().timestamp_millis() as u64).saturating_sub(in_flight.ingest_ms);
-                self.latency.record(latency_ms as f64 / 1000.0);
-                self.settle(in_flight, None);
-            }
+            // Settled with the others the reports bring meanwhile, on the settling thread.
+            Ok(payload_len) => self.settler.delivered(Delivered { in_flight, payload_len }),
             Err((error, payload, key)) => {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
