@@ -180,7 +180,26 @@ struct Ages {
 
 impl Ages {
     fn held(&self, ingest_ms: u64) {
-        *self.lock().entry(ingest_ms / 1000).or_default() += 1;
+        self.held_many(std::iter::once(ingest_ms));
+    }
+
+    /// Records read at `ingest_ms` each are held (one lock for all of them).
+    fn held_many(&self, ingest_ms: impl IntoIterator<Item = u64>) {
+        let mut seconds = self.lock();
+        let mut run: Option<(u64, u64)> = None;
+        for second in ingest_ms.into_iter().map(|ms| ms / 1000) {
+            run = match run {
+                Some((at, count)) if at == second => Some((at, count + 1)),
+                Some((at, count)) => {
+                    *seconds.entry(at).or_default() += count;
+                    Some((second, 1))
+                }
+                None => Some((second, 1)),
+            };
+        }
+        if let Some((at, count)) = run {
+            *seconds.entry(at).or_default() += count;
+        }
     }
 
     fn released(&self, ingest_ms: u64) {

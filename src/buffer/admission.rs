@@ -68,6 +68,27 @@ impl Buffer {
         Ok(())
     }
 
+    /// Room for a record of `cost` if there is some now, without applying `when_full`: what
+    /// [`Buffer::push`] takes first. The record then goes in with [`Buffer::push_leased`].
+    pub fn try_admit(&self, cost: usize, admission: &mut Admission) -> Option<Lease> {
+        let lease = self.try_lease(cost)?;
+        admission.shedding = false;
+        Some(lease)
+    }
+
+    /// Records that already hold their room ([`Buffer::try_admit`]), in the order they were read,
+    /// `records` emptied: one lock and one wake-up for all of them.
+    pub fn push_leased(&self, records: &mut Vec<Record>) {
+        if self.shared.spool.is_none() {
+            self.shared.ages.held_many(records.iter().map(|record| record.ingest_ms));
+            self.lock().fresh.extend(records.drain(..));
+            self.shared.ready.notify_one();
+        } else {
+            self.lock().intake.extend(records.drain(..));
+            self.shared.intake_ready.notify_one();
+        }
+    }
+
     pub(super) async fn admit(&self, cost: usize, admission: &mut Admission) -> Result<Lease, Dropped> {
         if let Some(lease) = self.try_lease(cost) {
             admission.shedding = false;

@@ -57,6 +57,9 @@ pub const READ_UNIT: usize = 16 * 1024;
 /// The first line that switches a connection to acknowledged mode.
 pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 
+/// Most records of one read offered together ([`RecordSink::offer_many`]).
+const BATCH_RECORDS: usize = 128;
+
 /// How long one write of acknowledgements may wait for the writer to read them. A writer that
 /// stops reading its acknowledgements would otherwise hold its connection, and its share of the
 /// acknowledgement budget, for ever; after this the connection takes in the record in hand
@@ -111,8 +114,14 @@ pub async fn serve(
     let mut draining = false;
     // The read side is shut: what is queued is read to its end, nothing more can come.
     let mut read_shut = false;
+    // Records of one read offered together, and the frame after them when it is not one.
+    let mut batch: Vec<BytesMut> = Vec::new();
+    let mut deferred = None;
     loop {
-        let ready = frames.next().now_or_never();
+        let ready = match deferred.take() {
+            Some(next) => Some(next),
+            None => frames.next().now_or_never(),
+        };
         if ready.is_none() {
             // Nothing more to read right now: publish the counts before waiting.
             sink.flush_counters();
@@ -191,6 +200,21 @@ pub async fn serve(
                     debug!("acknowledgements cannot be written; closing connection");
                     break;
                 }
+            }
+            Frame::Record(bytes) if replies.tracker.is_none() => {
+                // Every record already read goes to the buffer with this one.
+                batch.push(bytes);
+                while batch.len() < BATCH_RECORDS {
+                    match frames.next().now_or_never() {
+                        Some(Some(Ok(Gated::Frame(Frame::Record(bytes))))) => batch.push(bytes),
+                        Some(other) => {
+                            deferred = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                sink.offer_many(&mut batch).await;
             }
             Frame::Record(bytes) => {
                 let ack = match &replies.tracker {
