@@ -14,6 +14,8 @@ RUN apt-get update \
 WORKDIR /src
 ENV CARGO_TARGET_DIR=/src/target
 COPY Cargo.toml Cargo.lock rust-toolchain.toml build.rs ./
+# librdkafka's build flags (a section per function, for the layout link/ gives the linker).
+COPY .cargo .cargo
 # The workspace's other member (tests and benchmark, not in the image): its manifest is enough.
 COPY harness/Cargo.toml harness/Cargo.toml
 COPY scripts/build-release scripts/build-release
@@ -25,6 +27,8 @@ RUN mkdir -p src harness/src \
     && rm -rf src
 COPY src src
 COPY migrations migrations
+# The functions an agent runs, laid out together by the linker (build.rs): less idle memory.
+COPY link link
 ARG SLUICE_GIT_SHA=unknown
 ENV SLUICE_GIT_SHA=${SLUICE_GIT_SHA}
 RUN touch src/main.rs src/lib.rs \
