@@ -1,13 +1,16 @@
 //! Records the git commit the binary is built from, for `sluice_build_info{git_sha}` and
 //! `sluice --version`. `SLUICE_GIT_SHA` overrides (container builds have no `.git`).
 //!
-//! Release builds of the `sluice` binary for x86_64 Linux (glibc, linked by rust-lld, the
-//! toolchain's default there) also get two linker settings for an idle agent's memory
-//! (docs/PERFORMANCE.md, "Idle memory"): the functions an agent runs, listed in
-//! `link/symbol-order.txt` (`scripts/symbol-order` writes it), laid out together — a page fault
-//! on the binary maps the 64 KiB around it, so code run at start-up and while idle that lies
-//! scattered keeps most of the binary resident — and relative relocations packed (`DT_RELR`,
-//! glibc 2.36+): the dynamic loader reads all of them at start, 400 KiB unpacked.
+//! With `SLUICE_LINK_LAYOUT=1` (`scripts/build-release` and the benchmark's build set it), a
+//! release build of the `sluice` binary for x86_64 Linux gets two linker settings for an idle
+//! agent's memory (docs/PERFORMANCE.md, "The code laid out"): the functions an agent runs, listed
+//! in `link/symbol-order.txt` (`scripts/symbol-order` writes it), laid out together — a page
+//! fault on the binary maps the 64 KiB around it, so code run at start-up and while idle that lies
+//! scattered keeps most of the binary resident — and relative relocations packed (`DT_RELR`): the
+//! dynamic loader reads all of them at start, 400 KiB unpacked. Opt-in because both need what the
+//! image's build has and not every build does: rust-lld as the linker (the toolchain's default
+//! for this target; GNU ld knows no ordering file), and a glibc of 2.36 or later where the binary
+//! runs (Debian 12, the image's).
 
 use std::path::Path;
 use std::process::Command;
@@ -32,8 +35,9 @@ fn main() {
 }
 
 fn link_for_idle_memory() {
+    println!("cargo:rerun-if-env-changed=SLUICE_LINK_LAYOUT");
     let var = |name: &str| std::env::var(name).unwrap_or_default();
-    if var("PROFILE") != "release" || var("TARGET") != "x86_64-unknown-linux-gnu" {
+    if var("SLUICE_LINK_LAYOUT") != "1" || var("PROFILE") != "release" || var("TARGET") != "x86_64-unknown-linux-gnu" {
         return;
     }
     println!("cargo:rustc-link-arg-bin=sluice=-Wl,-z,pack-relative-relocs");

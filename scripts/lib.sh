@@ -34,7 +34,8 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # The benchmark tool and the release sluice it measures (two builds: the tool's dependencies
 # must not change the binary's features). Sets $BENCH and exports SLUICE_BENCH_BINARY and SLUICE_ROOT.
 build_bench() {
-  cargo build --release --locked --quiet --bin sluice
+  # As scripts/build-release builds it: the binary measured is the binary shipped.
+  SLUICE_LINK_LAYOUT=1 cargo build --release --locked --quiet --bin sluice
   cargo build --release --locked --quiet -p sluice-harness --bin sluice-bench
   BENCH="$CARGO_TARGET_DIR/release/sluice-bench"
   export SLUICE_BENCH_BINARY="$CARGO_TARGET_DIR/release/sluice" SLUICE_ROOT

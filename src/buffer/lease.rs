@@ -33,12 +33,16 @@ impl Lease {
     /// Adds `other`'s room to this lease, so that many records' room goes back to the budget in
     /// one return; a lease from other pools (the backlog's reserve) goes back on its own.
     pub fn absorb(&mut self, other: Lease) {
-        if Arc::ptr_eq(self.bytes.semaphore(), other.bytes.semaphore())
-            && Arc::ptr_eq(self.records.semaphore(), other.records.semaphore())
-        {
+        if self.same_pools(&other) {
             self.bytes.merge(other.bytes);
             self.records.merge(other.records);
         }
+    }
+
+    /// Whether `other` was taken from the pools this lease was.
+    pub fn same_pools(&self, other: &Lease) -> bool {
+        Arc::ptr_eq(self.bytes.semaphore(), other.bytes.semaphore())
+            && Arc::ptr_eq(self.records.semaphore(), other.records.semaphore())
     }
 
     /// Takes `cost` bytes and one record out of this (larger) lease.

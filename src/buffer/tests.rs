@@ -411,3 +411,48 @@ async fn the_oldest_held_record_sets_the_age_until_it_is_settled() {
     buffer.settled(first.lease.bytes(), first.ingest_ms);
     assert_eq!(buffer.oldest_undelivered_ms(), Some(9_000));
 }
+
+#[test]
+fn leases_merged_for_one_return_give_back_all_their_room_and_leases_of_other_pools_stay_apart() {
+    let buffer = buffer(room(10, 100), 10, WhenFull::DropNewest);
+    let (bytes, records) = (buffer.shared.bytes.available_permits(), buffer.shared.records.available_permits());
+    let cost = buffer.cost(100, 0);
+    let mut merged = buffer.try_lease(cost).expect("room");
+    let other = buffer.try_lease(cost).expect("room");
+    assert!(merged.same_pools(&other));
+    merged.absorb(other);
+    assert_eq!((merged.bytes(), merged.records()), (2 * cost, 2));
+    drop(merged);
+    assert_eq!(
+        (buffer.shared.bytes.available_permits(), buffer.shared.records.available_permits()),
+        (bytes, records),
+        "every record's room is back"
+    );
+
+    let elsewhere = Buffer::new(&config(room(10, 100), 10, WhenFull::DropNewest));
+    let mut mine = buffer.try_lease(cost).expect("room");
+    let theirs = elsewhere.try_lease(cost).expect("room");
+    assert!(!mine.same_pools(&theirs));
+    mine.absorb(theirs);
+    assert_eq!(mine.bytes(), cost, "a lease of other pools is not merged");
+    assert_eq!(elsewhere.shared.records.available_permits(), 10, "it went back to its own pool");
+}
+
+#[tokio::test]
+async fn records_that_hold_their_room_enter_the_buffer_together_in_order() {
+    let buffer = buffer(room(10, 100), 10, WhenFull::DropNewest);
+    let mut admission = Admission::default();
+    let mut records: Vec<Record> = (1..=3)
+        .map(|len| {
+            let lease = buffer.try_admit(buffer.cost(len, 0), &mut admission).expect("room");
+            Record { payload: payload(len), key: None, lease, retries: 0, pos: None, ingest_ms: 1_000, ack: None }
+        })
+        .collect();
+    buffer.push_leased(&mut records);
+    assert!(records.is_empty());
+    assert_eq!(buffer.held_records(), 3);
+    assert_eq!(buffer.oldest_undelivered_ms(), Some(1_000));
+    let mut out = Vec::new();
+    buffer.pop_batch(10, &mut out);
+    assert_eq!(lens(&out), [1, 2, 3]);
+}

@@ -60,6 +60,12 @@ pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
 /// Most records of one read offered together ([`RecordSink::offer_many`]).
 const BATCH_RECORDS: usize = 128;
 
+/// Most bytes of records taken from the read buffer for one batch: until the batch is offered
+/// they count against no budget (the buffer's nor the connection's unread bytes), and one of them
+/// may wait for room while the rest are held — so no more than the small share a connection may
+/// hold unread anyway ([`SMALL_READ`]).
+const BATCH_BYTES: usize = SMALL_READ;
+
 /// How long one write of acknowledgements may wait for the writer to read them. A writer that
 /// stops reading its acknowledgements would otherwise hold its connection, and its share of the
 /// acknowledgement budget, for ever; after this the connection takes in the record in hand
@@ -202,11 +208,15 @@ pub async fn serve(
                 }
             }
             Frame::Record(bytes) if replies.tracker.is_none() => {
-                // Every record already read goes to the buffer with this one.
+                // The records already read go to the buffer with this one.
+                let mut held = bytes.len();
                 batch.push(bytes);
-                while batch.len() < BATCH_RECORDS {
+                while batch.len() < BATCH_RECORDS && held < BATCH_BYTES {
                     match frames.next().now_or_never() {
-                        Some(Some(Ok(Gated::Frame(Frame::Record(bytes))))) => batch.push(bytes),
+                        Some(Some(Ok(Gated::Frame(Frame::Record(bytes))))) => {
+                            held += bytes.len();
+                            batch.push(bytes);
+                        }
                         Some(other) => {
                             deferred = Some(other);
                             break;
@@ -214,6 +224,10 @@ pub async fn serve(
                         None => break,
                     }
                 }
+                // What the connection holds while the batch may wait for room: its unread bytes
+                // and the batch's (the framer reports again when it waits for more).
+                let unread = frames.read_buffer().len();
+                frames.decoder_mut().report(unread + held);
                 sink.offer_many(&mut batch).await;
             }
             Frame::Record(bytes) => {

@@ -41,7 +41,9 @@
 //! until it ends, like its connection); one turn of the spool writer (a batch from the intake;
 //! it may go on waiting for disk room while other steps run), a housekeeping tick; one turn of
 //! the shipper (memory lane or a backlog read, alternating); delivery reports in any order (ok,
-//! retryable, refused for good); producer replacement (after a fatal error or a reload: what the
+//! retryable, refused for good), one record or several at once; the settling thread's turn (a
+//! record Kafka stored is only queued by its report and settled later, other steps between:
+//! until then it holds its memory, spool place and ack, `src/ship/settle.rs`); producer replacement (after a fatal error or a reload: what the
 //! old one holds comes back purged, as `retire` makes it); reload of the policy; write errors,
 //! a full disk, fsync errors; time passing; a crash (everything in memory gone, the directory
 //! kept, the last segment optionally truncated at a byte or a byte flipped) and recovery; a
@@ -131,9 +133,11 @@ enum Op {
     Send,
     /// A delivery report for the record in flight at this index (modulo how many there are).
     Report { pick: usize, outcome: Outcome },
-    /// One report storing several records at once (those at these indices), settled together as
-    /// the settling thread takes them.
+    /// One report storing several records at once (those at these indices).
     ReportBatch { picks: Vec<usize> },
+    /// The settling thread takes what the reports queued (Kafka has those records; until now
+    /// they held their memory, spool places and acks).
+    Settle,
     /// The producer is replaced (fatal error, or reload): what it holds comes back purged.
     Replace { fatal: bool },
     /// A config reload changes the policy.
@@ -169,6 +173,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => Just(Op::Send),
         8 => (any::<usize>(), outcome).prop_map(|(pick, outcome)| Op::Report { pick, outcome }),
         3 => proptest::collection::vec(any::<usize>(), 2..8).prop_map(|picks| Op::ReportBatch { picks }),
+        5 => Just(Op::Settle),
         1 => any::<bool>().prop_map(|fatal| Op::Replace { fatal }),
         1 => policy().prop_map(Op::Reload),
         2 => fault.prop_map(Op::Fault),
@@ -273,11 +278,13 @@ struct Sent {
 struct Kafka {
     context: ShipContext,
     in_flight: Vec<Sent>,
+    /// Records reported stored and queued for the settling thread, not settled yet.
+    unsettled: Vec<(u64, Option<SpoolPos>)>,
 }
 
 impl Kafka {
     fn new(buffer: &Buffer) -> Self {
-        Self { context: ShipContext::new(buffer.clone()), in_flight: Vec::new() }
+        Self { context: ShipContext::new(buffer.clone()), in_flight: Vec::new(), unsettled: Vec::new() }
     }
 
     fn send(&mut self, record: crate::buffer::Record) {
@@ -291,9 +298,8 @@ impl Kafka {
         let Sent { id, payload, in_flight } = self.in_flight.remove(at);
         let error = match outcome {
             Outcome::Ok => {
+                self.unsettled.push((id, in_flight.pos));
                 self.context.report(Ok(payload.len()), *in_flight);
-                // What the settling thread does once it wakes.
-                self.context.settler.settle_now();
                 return id;
             }
             Outcome::Retry => KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
@@ -304,19 +310,23 @@ impl Kafka {
     }
 
     /// One report storing the records at `picks` (indices modulo what is in flight, as they
-    /// shrink): queued, then settled together. Returns their ids.
-    fn report_batch(&mut self, picks: &[usize]) -> Vec<u64> {
-        let mut ids = Vec::new();
+    /// shrink), queued for the settling thread.
+    fn report_batch(&mut self, picks: &[usize]) {
         for pick in picks {
             if self.in_flight.is_empty() {
                 break;
             }
             let Sent { id, payload, in_flight } = self.in_flight.remove(pick % self.in_flight.len());
+            self.unsettled.push((id, in_flight.pos));
             self.context.report(Ok(payload.len()), *in_flight);
-            ids.push(id);
         }
+    }
+
+    /// The settling thread's turn (also what `retire` does before a producer is let go):
+    /// everything queued is settled. Returns the ids.
+    fn settle(&mut self) -> Vec<u64> {
         self.context.settler.settle_now();
-        ids
+        self.unsettled.drain(..).map(|(id, _)| id).collect()
     }
 
     /// `retire`: every record it holds comes back through a (retryable) purge report.
@@ -538,6 +548,10 @@ fn observe(agent: &Agent, dir: &Path) -> Seen {
     for sent in &agent.kafka.in_flight {
         seen.memory.entry(sent.id).or_default().push(("in flight", sent.in_flight.pos));
     }
+    // Stored in Kafka, not settled yet: still holding memory and its spool place.
+    for (id, pos) in &agent.kafka.unsettled {
+        seen.memory.entry(*id).or_default().push(("in flight", *pos));
+    }
     seen
 }
 
@@ -614,12 +628,11 @@ impl<'a> Run<'a> {
                     self.report(at, *outcome)?;
                 }
             }
-            Op::ReportBatch { picks } => {
-                for id in self.agent.kafka.report_batch(picks) {
-                    self.delivered(id)?;
-                }
-            }
+            Op::ReportBatch { picks } => self.agent.kafka.report_batch(picks),
+            Op::Settle => self.settle()?,
             Op::Replace { fatal } => {
+                // `retire` settles what the reports queued before the producer is let go.
+                self.settle()?;
                 self.agent.kafka.retire(*fatal);
                 self.agent.kafka = Kafka::new(&self.agent.buffer);
             }
@@ -730,7 +743,15 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// The model's side of a record Kafka stored.
+    /// The settling thread's turn: the model's side of every record it settles.
+    fn settle(&mut self) -> Result<(), TestCaseError> {
+        for id in self.agent.kafka.settle() {
+            self.delivered(id)?;
+        }
+        Ok(())
+    }
+
+    /// The model's side of a record Kafka stored, once it is settled.
     fn delivered(&mut self, id: u64) -> Result<(), TestCaseError> {
         let rec = self.model.records.get_mut(&id).expect("a known record");
         prop_assert_eq!(rec.state, State::Owed, "record {} delivered, but it was not owed", id);
@@ -743,7 +764,8 @@ impl<'a> Run<'a> {
         let id = self.agent.kafka.report(at, outcome);
         let rec = self.model.records.get_mut(&id).expect("a known record");
         match outcome {
-            Outcome::Ok => return self.delivered(id),
+            // Delivered once the settling thread takes it (`Op::Settle`).
+            Outcome::Ok => return Ok(()),
             Outcome::Retry => rec.kept = true,
             Outcome::Refuse => {
                 prop_assert_eq!(rec.state, State::Owed, "record {} refused by Kafka, but it was not owed", id);
@@ -871,6 +893,7 @@ impl<'a> Run<'a> {
                 self.report(0, Outcome::Ok)?;
             }
         }
+        self.settle()?;
         self.agent.kafka.retire(false);
         // 5. The final count.
         crate::agent::account(&self.agent.buffer, 0, 0);
@@ -888,7 +911,7 @@ impl<'a> Run<'a> {
         while !self.agent.kafka.in_flight.is_empty() {
             self.report(0, Outcome::Ok)?;
         }
-        Ok(())
+        self.settle()
     }
 
     /// Stops the agent's tasks: pushes (their connections are gone) and a write under way.
@@ -1233,7 +1256,8 @@ impl<'a> Run<'a> {
             let idle = self.agent.writers.iter().all(|w| w.pushing.is_none())
                 && matches!(self.agent.spooler, Slot::Idle(_))
                 && self.agent.buffer.undelivered() == 0
-                && self.agent.kafka.in_flight.is_empty();
+                && self.agent.kafka.in_flight.is_empty()
+                && self.agent.kafka.unsettled.is_empty();
             if idle {
                 return Ok(());
             }

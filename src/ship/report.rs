@@ -150,12 +150,13 @@ pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Op
 impl ShipContext {
     /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own.
     pub(super) fn new(buffer: Buffer) -> Self {
+        let fatal = Arc::new(AtomicBool::new(false));
         Self {
-            settler: Arc::new(Settler::new(buffer.clone())),
+            settler: Arc::new(Settler::new(buffer.clone(), fatal.clone())),
             buffer,
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
             errors: Arc::default(),
-            fatal: Arc::new(AtomicBool::new(false)),
+            fatal,
             last_purge: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
         }

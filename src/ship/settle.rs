@@ -35,6 +35,9 @@ pub(super) struct Delivered {
 /// The queue between the polling thread and the settling thread, and the settling itself.
 pub(super) struct Settler {
     buffer: Buffer,
+    /// The producer's fatal flag: a batch that panicked has the producer replaced, and `retire`
+    /// settles what is queued.
+    fatal: Arc<AtomicBool>,
     delivered: Counter,
     delivered_bytes: Counter,
     latency: metrics::Histogram,
@@ -47,9 +50,10 @@ pub(super) struct Settler {
 }
 
 impl Settler {
-    pub(super) fn new(buffer: Buffer) -> Self {
+    pub(super) fn new(buffer: Buffer, fatal: Arc<AtomicBool>) -> Self {
         Self {
             buffer,
+            fatal,
             delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
             delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
             latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
@@ -100,7 +104,12 @@ impl Settler {
                     return;
                 }
             }
-            self.settle_now();
+            // A bug, if ever: the thread goes on, and the producer is replaced (its retirement
+            // settles what is queued), rather than leaving the budget held for ever.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.settle_now())).is_err() {
+                error!("settling delivered records panicked; the kafka producer will be replaced");
+                self.fatal.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -117,8 +126,8 @@ impl Settler {
         if batch.is_empty() {
             return;
         }
-        self.delivered.increment(batch.len() as u64);
-        self.delivered_bytes.increment(batch.iter().map(|record| record.payload_len as u64).sum());
+        // Counted at the end: a batch cut short by a panic is settled again, not counted twice.
+        let (count, bytes) = (batch.len() as u64, batch.iter().map(|record| record.payload_len as u64).sum());
         let now_ms = chrono::Utc::now().timestamp_millis() as u64;
         let mut run: Option<(u64, usize)> = None;
         for record in batch.iter() {
@@ -139,7 +148,8 @@ impl Settler {
             .settled_many(batch.iter().map(|record| (record.in_flight.lease().bytes(), record.in_flight.ingest_ms())));
         let spool = self.buffer.spool();
         let mut deletable = false;
-        let mut room: Option<Lease> = None;
+        // One lease per pool the batch's came from (the shared budget, the backlog's reserve).
+        let mut room: Vec<Lease> = Vec::new();
         let mut acks = Vec::new();
         for Delivered { in_flight, .. } in batch.drain(..) {
             let (lease, pos, mut ack) = in_flight.into_settled();
@@ -148,9 +158,9 @@ impl Settler {
                 deletable |= done;
                 ack = ack.or(parked);
             }
-            match &mut room {
-                Some(room) => room.absorb(lease),
-                None => room = Some(lease),
+            match room.iter_mut().find(|pool| pool.same_pools(&lease)) {
+                Some(pool) => pool.absorb(lease),
+                None => room.push(lease),
             }
             acks.extend(ack);
         }
@@ -166,32 +176,31 @@ impl Settler {
         for ack in acks {
             ack.durable();
         }
+        self.delivered.increment(count);
+        self.delivered_bytes.increment(bytes);
         self.buffer.notify_settled();
     }
 }
 
-/// The settling thread of one producer; stopped (after it settled what is queued) when dropped.
+/// The settling thread of one producer; told to stop when dropped, it settles what is queued and
+/// ends. Not joined: the last handle may be let go on a runtime worker (`send` replacing a fatal
+/// producer), which must not wait for a batch in hand; a retired producer's reports are settled
+/// by `retire` already.
 pub(super) struct SettleThread {
     settler: Arc<Settler>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SettleThread {
     /// Starts the thread for `settler`.
     pub(super) fn start(settler: Arc<Settler>) -> std::io::Result<Self> {
         let running = settler.clone();
-        let thread = std::thread::Builder::new().name("kafka-settle".into()).spawn(move || running.run())?;
-        Ok(Self { settler, thread: Some(thread) })
+        std::thread::Builder::new().name("kafka-settle".into()).spawn(move || running.run())?;
+        Ok(Self { settler })
     }
 }
 
 impl Drop for SettleThread {
     fn drop(&mut self) {
         self.settler.stop();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            error!("the kafka-settle thread panicked");
-        }
     }
 }
