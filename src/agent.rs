@@ -107,7 +107,9 @@ pub async fn run(
     let pod = PodMetadata::from_env();
     pod.check()?;
     let (buffer, spool_writer) = open_buffer(&config).await?;
-    let shipper = Arc::new(Shipper::new(&config, buffer.clone())?);
+    // Every task runs under `tasks`; one that fails starts the drain, like a signal.
+    let tasks = Tasks::new(shutdown.clone());
+    let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone())?);
     let admin = AdminServer::open(admin, &config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     // Announced once everything is bound: a reader of the file may then use the sockets too.
@@ -139,8 +141,7 @@ pub async fn run(
         inflations: Arc::new(tokio::sync::Semaphore::new(ingest::MAX_INFLATIONS)),
     });
 
-    // ---- Spawn: every task under `tasks`; one that fails starts the drain, like a signal.
-    let tasks = Tasks::new(shutdown.clone());
+    // ---- Spawn: every task under `tasks`.
     let ready = readiness(&shipper, &draining);
     let running = Arc::new(RwLock::new(config.clone()));
     reload::publish(None, &reload::fingerprint(&config));

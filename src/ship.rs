@@ -31,6 +31,7 @@ use tracing::{error, info, warn};
 use crate::buffer::spool::{SpoolOp, SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
 use crate::config::Config;
+use crate::lifecycle::Tasks;
 use crate::telemetry;
 use crate::telemetry::outcome::{self, Dropped, Failed};
 
@@ -192,6 +193,8 @@ pub struct Shipper {
     buffer: Buffer,
     reachable: Arc<AtomicBool>,
     reached_once: Arc<AtomicBool>,
+    /// The agent's tasks (a panic while settling fails them).
+    tasks: Tasks,
 }
 
 /// How long a producer being replaced with new settings may take to deliver what it holds
@@ -203,9 +206,11 @@ const RETIRE_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 impl Shipper {
     /// Creates the producer. It connects lazily; [`Shipper::probe`] tells when Kafka answers.
-    pub fn new(config: &Config, buffer: Buffer) -> Result<Self, ShipError> {
+    /// A panic while settling delivered records fails `tasks` (the agent drains and exits
+    /// non-zero).
+    pub fn new(config: &Config, buffer: Buffer, tasks: Tasks) -> Result<Self, ShipError> {
         let client = producer_config(config, &buffer);
-        let producer = Self::create(&client, &buffer)?;
+        let producer = Self::create(&client, &buffer, &tasks)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
         Ok(Self {
             config: RwLock::new(client),
@@ -218,13 +223,14 @@ impl Shipper {
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
             reached_once: Arc::new(AtomicBool::new(false)),
+            tasks,
         })
     }
 
     /// A producer with a fatal flag of its own: a retiring producer's late errors never mark
     /// its replacement.
-    fn create(client: &ClientConfig, buffer: &Buffer) -> Result<Producer_, ShipError> {
-        Ok(Producer_::create(client, ShipContext::new(buffer.clone()))?)
+    fn create(client: &ClientConfig, buffer: &Buffer, tasks: &Tasks) -> Result<Producer_, ShipError> {
+        Ok(Producer_::create(client, ShipContext::new(buffer.clone(), tasks.clone()))?)
     }
 
     fn producer(&self) -> Arc<Producer_> {
@@ -255,7 +261,7 @@ impl Shipper {
             *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         }
         let client = self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let fresh = match Self::create(&client, &self.buffer) {
+        let fresh = match Self::create(&client, &self.buffer, &self.tasks) {
             Ok(producer) => Arc::new(producer),
             Err(error) => {
                 error!(%error, "cannot create a replacement producer; retrying");

@@ -129,8 +129,10 @@ pub async fn serve(
             None => frames.next().now_or_never(),
         };
         if ready.is_none() {
-            // Nothing more to read right now: publish the counts before waiting.
-            sink.flush_counters();
+            // Nothing more to read right now: publish the counts and let a burst's room go
+            // before waiting.
+            sink.waiting();
+            batch.shrink_to(super::sink::IDLE_BATCH);
         }
         let next = if let Some(next) = ready {
             next
@@ -229,6 +231,9 @@ pub async fn serve(
                 let unread = frames.read_buffer().len();
                 frames.decoder_mut().report(unread + held);
                 sink.offer_many(&mut batch).await;
+                // The batch is in the buffer (or counted): the connection holds its unread bytes.
+                let unread = frames.read_buffer().len();
+                frames.decoder_mut().report(unread);
             }
             Frame::Record(bytes) => {
                 let ack = match &replies.tracker {

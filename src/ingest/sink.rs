@@ -32,6 +32,13 @@ const COUNTER_FLUSH_EVERY: u64 = 256;
 /// connection waits: an arena let go half-used would be held by its few records alone.
 const ARENA_BYTES: usize = 8 * 1024;
 
+/// Records' room a waiting connection keeps for its next batch (a batch is up to 128; see
+/// [`RecordSink::waiting`]).
+pub const IDLE_BATCH: usize = 16;
+
+/// Bytes a waiting connection keeps for its next transformed record.
+pub const IDLE_TRANSFORMED: usize = 4096;
+
 /// The largest envelope written into an arena; a larger one gets an allocation of its own
 /// (nothing of it stays with the connection).
 const ARENA_RECORD: usize = 1024;
@@ -282,6 +289,15 @@ impl<'a> RecordSink<'a> {
     fn abandoned(&self) {
         Failed::DrainTimeout.count(1);
         self.ingest.abandoned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The connection is about to wait for its writer: the counts are published, and what a
+    /// burst grew is let go (a batch's records, a long transformed record), so an idle connection
+    /// holds no more than [`IDLE_BATCH`] records' room (its arena is kept: see [`ARENA_BYTES`]).
+    pub fn waiting(&mut self) {
+        self.flush_counters();
+        self.pending.shrink_to(IDLE_BATCH);
+        self.transformed.shrink_to(IDLE_TRANSFORMED);
     }
 
     /// Adds the local counts to the listener's counters.

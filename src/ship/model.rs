@@ -284,7 +284,14 @@ struct Kafka {
 
 impl Kafka {
     fn new(buffer: &Buffer) -> Self {
-        Self { context: ShipContext::new(buffer.clone()), in_flight: Vec::new(), unsettled: Vec::new() }
+        Self {
+            context: ShipContext::new(
+                buffer.clone(),
+                crate::lifecycle::Tasks::new(tokio_util::sync::CancellationToken::new()),
+            ),
+            in_flight: Vec::new(),
+            unsettled: Vec::new(),
+        }
     }
 
     fn send(&mut self, record: crate::buffer::Record) {

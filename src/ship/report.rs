@@ -24,6 +24,7 @@ use super::{Disposition, classify, give_up_reason, reason};
 use crate::buffer::ack::Ack;
 use crate::buffer::spool::SpoolPos;
 use crate::buffer::{Buffer, Lease, Record};
+use crate::lifecycle::Tasks;
 use crate::telemetry;
 use crate::telemetry::outcome::{Dropped, Failed};
 
@@ -100,8 +101,18 @@ impl ShipContext {
             let (deletable, parked) = spool.done(pos);
             ack = ack.or(parked);
             if deletable {
-                // This is librdkafka's polling thread, not a runtime worker: a file delete is fine.
-                spool.delete_done();
+                match tokio::runtime::Handle::try_current() {
+                    // `send` giving up a record librdkafka refused: a runtime worker, where a
+                    // file delete must not run.
+                    Ok(runtime) => {
+                        let spool = spool.clone();
+                        drop(runtime.spawn_blocking(move || spool.delete_done()));
+                    }
+                    // librdkafka's polling thread: a file delete is fine.
+                    Err(_) => {
+                        spool.delete_done();
+                    }
+                }
             }
         }
         // The memory goes back before the writer hears of it: whoever is told the record is
@@ -148,11 +159,12 @@ impl ShipContext {
 pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Option<&'a [u8]>)>;
 
 impl ShipContext {
-    /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own.
-    pub(super) fn new(buffer: Buffer) -> Self {
+    /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own; a panic
+    /// while settling fails `tasks`.
+    pub(super) fn new(buffer: Buffer, tasks: Tasks) -> Self {
         let fatal = Arc::new(AtomicBool::new(false));
         Self {
-            settler: Arc::new(Settler::new(buffer.clone(), fatal.clone())),
+            settler: Arc::new(Settler::new(buffer.clone(), tasks)),
             buffer,
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
             errors: Arc::default(),

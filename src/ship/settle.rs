@@ -14,15 +14,25 @@
 //! and settles it together: the budget and ages once per batch, each run of equal latencies as one
 //! histogram call. Measured (docs/PERFORMANCE.md): at the max rate the two threads take 0.29–0.34
 //! µs per record where the polling thread alone took 0.45–0.53.
+//!
+//! A panic while settling is a bug, and the books cannot be trusted after it: it is caught
+//! wherever settling runs (this thread, `retire`, a report after the thread stopped — which would
+//! otherwise unwind through librdkafka's polling thread), the agent fails (drains, exits non-zero:
+//! [`Tasks::fail`]) and this thread goes on settling the batches after it. The batch in hand is
+//! counted delivered before anything else is done with it (Kafka has every record of it), so the
+//! panic counts none twice and loses none uncounted; what the panic skipped is let go: its memory
+//! comes back as the records are dropped, its writers hear nothing (their connections end with the
+//! drain), and its places in the spool stay owed, so those records are sent again at the next
+//! start (at least once: the persister keeps one row per id).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use metrics::Counter;
-use tracing::error;
 
 use super::report::InFlight;
 use crate::buffer::{Buffer, Lease};
+use crate::lifecycle::{Tasks, panic_message};
 use crate::telemetry;
 
 /// A record Kafka stored, waiting to be settled.
@@ -35,9 +45,8 @@ pub(super) struct Delivered {
 /// The queue between the polling thread and the settling thread, and the settling itself.
 pub(super) struct Settler {
     buffer: Buffer,
-    /// The producer's fatal flag: a batch that panicked has the producer replaced, and `retire`
-    /// settles what is queued.
-    fatal: Arc<AtomicBool>,
+    /// The agent's tasks: a panic while settling fails the agent.
+    tasks: Tasks,
     delivered: Counter,
     delivered_bytes: Counter,
     latency: metrics::Histogram,
@@ -50,10 +59,10 @@ pub(super) struct Settler {
 }
 
 impl Settler {
-    pub(super) fn new(buffer: Buffer, fatal: Arc<AtomicBool>) -> Self {
+    pub(super) fn new(buffer: Buffer, tasks: Tasks) -> Self {
         Self {
             buffer,
-            fatal,
+            tasks,
             delivered: metrics::counter!(telemetry::SHIP_DELIVERED),
             delivered_bytes: metrics::counter!(telemetry::SHIP_DELIVERED_BYTES),
             latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
@@ -88,7 +97,16 @@ impl Settler {
     pub(super) fn settle_now(&self) {
         let mut batch = self.settling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         std::mem::swap(&mut *batch, &mut *self.queue());
-        self.settle(&mut batch);
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.settle(&mut batch))) {
+            // What the panic skipped is let go (see the module doc); none of it is settled again.
+            batch.clear();
+            self.tasks.fail(
+                "kafka-settle",
+                &format!("settling delivered records panicked: {}", panic_message(panic.as_ref())),
+            );
+        }
+        // A burst's allocation is not kept for ever (each of the two vectors keeps its largest).
+        batch.shrink_to(KEEP_CAPACITY);
     }
 
     /// The settling thread's loop, until [`Settler::stop`]: what is queued then is settled before
@@ -104,12 +122,7 @@ impl Settler {
                     return;
                 }
             }
-            // A bug, if ever: the thread goes on, and the producer is replaced (its retirement
-            // settles what is queued), rather than leaving the budget held for ever.
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.settle_now())).is_err() {
-                error!("settling delivered records panicked; the kafka producer will be replaced");
-                self.fatal.store(true, Ordering::Relaxed);
-            }
+            self.settle_now();
         }
     }
 
@@ -126,8 +139,12 @@ impl Settler {
         if batch.is_empty() {
             return;
         }
-        // Counted at the end: a batch cut short by a panic is settled again, not counted twice.
-        let (count, bytes) = (batch.len() as u64, batch.iter().map(|record| record.payload_len as u64).sum());
+        // Counted first: Kafka has them whatever happens next (a panic below lets the batch go,
+        // it is never settled again).
+        let bytes: u64 = batch.iter().map(|record| record.payload_len as u64).sum();
+        self.delivered.increment(batch.len() as u64);
+        self.delivered_bytes.increment(bytes);
+        crate::lifecycle::fail_point("settle");
         let now_ms = chrono::Utc::now().timestamp_millis() as u64;
         let mut run: Option<(u64, usize)> = None;
         for record in batch.iter() {
@@ -176,11 +193,13 @@ impl Settler {
         for ack in acks {
             ack.durable();
         }
-        self.delivered.increment(count);
-        self.delivered_bytes.increment(bytes);
         self.buffer.notify_settled();
     }
 }
+
+/// Records' room each of the two batch vectors keeps between bursts (~110 KiB): a burst of
+/// reports (up to librdkafka's queue, tens of thousands of records) is not held for ever.
+const KEEP_CAPACITY: usize = 1024;
 
 /// The settling thread of one producer; told to stop when dropped, it settles what is queued and
 /// ends. Not joined: the last handle may be let go on a runtime worker (`send` replacing a fatal

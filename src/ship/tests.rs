@@ -159,7 +159,10 @@ mod mock {
             .request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER]);
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
-        let shipper = Arc::new(Shipper::new(&config, buffer.clone()).expect("producer"));
+        let shipper = Arc::new(
+            Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
+                .expect("producer"),
+        );
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -186,7 +189,8 @@ mod mock {
         cluster.create_topic("logs", 1, 1).expect("topic");
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
-        let mut shipper = Shipper::new(&config, buffer.clone()).expect("producer");
+        let mut shipper = Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
+            .expect("producer");
         shipper.set_reconfigure_flush(Duration::from_millis(100));
         let shipper = Arc::new(shipper);
         let stop = CancellationToken::new();
@@ -253,7 +257,10 @@ mod mock {
         let (spool, writer, _) = Spool::open(spool_config).expect("spool");
         assert_eq!(spool.undelivered(), 2);
         let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
-        let shipper = Arc::new(Shipper::new(&config, buffer.clone()).expect("producer"));
+        let shipper = Arc::new(
+            Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
+                .expect("producer"),
+        );
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());

@@ -302,6 +302,29 @@ async fn a_task_that_panics_starts_the_drain_and_the_agent_exits_non_zero() {
     assert_eq!(lost + abandoned, 1, "the record the shipper never sent is counted");
 }
 
+/// Cold review (issue 15): a panic while settling was caught and had the producer replaced, but
+/// the batch it cut short was neither counted nor settled again (delivered, uncounted; a writer's
+/// acknowledgement never came) and the agent went on as if nothing happened. Now the batch is
+/// counted delivered before anything else, and the agent fails: it drains and exits non-zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_while_settling_fails_the_agent_and_loses_no_record_uncounted() {
+    let setup = Scenario::new("settlepanic")
+        .set("agent", "drain_timeout", "2s")
+        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "settle".into())))
+        .build()
+        .await;
+    let mut agent = setup.agent().await;
+    let lines: Vec<Vec<u8>> = (0..3).map(|i| format!("settled with a panic {i}").into_bytes()).collect();
+    send_lines(&setup.config.socket(), &lines).await;
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(!status.success(), "a panic while settling means a non-zero exit: {status:?}");
+    let log = agent.log_text();
+    assert!(log.contains("a task failed") && log.contains("kafka-settle"), "{log}");
+    let (lost, abandoned, _, unconfirmed) = drain_report(&log);
+    assert_eq!((lost, abandoned, unconfirmed), (0, 0, 0), "Kafka has them: none is counted lost");
+    assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persister_whose_writer_panics_exits_non_zero_and_the_next_one_stores_everything() {
     let mut setup = Scenario::new("lanepanic").build().await;
