@@ -277,6 +277,8 @@ struct Sent {
 /// The fake Kafka producer: accepts every send, reports when the test says.
 struct Kafka {
     context: ShipContext,
+    /// What a panic while settling would fail (the check asserts it never does).
+    tasks: crate::lifecycle::Tasks,
     in_flight: Vec<Sent>,
     /// Records reported stored and queued for the settling thread, not settled yet.
     unsettled: Vec<(u64, Option<SpoolPos>)>,
@@ -284,11 +286,10 @@ struct Kafka {
 
 impl Kafka {
     fn new(buffer: &Buffer) -> Self {
+        let tasks = crate::lifecycle::Tasks::new(tokio_util::sync::CancellationToken::new());
         Self {
-            context: ShipContext::new(
-                buffer.clone(),
-                crate::lifecycle::Tasks::new(tokio_util::sync::CancellationToken::new()),
-            ),
+            context: ShipContext::new(buffer.clone(), tasks.clone()),
+            tasks,
             in_flight: Vec::new(),
             unsettled: Vec::new(),
         }
@@ -1008,6 +1009,8 @@ impl<'a> Run<'a> {
     }
 
     async fn check(&mut self, step: usize, op: &Op) -> Result<(), TestCaseError> {
+        let failures = self.agent.kafka.tasks.failures();
+        prop_assert!(failures.is_empty(), "settling failed after {:?}: {:?}", op, failures);
         for writer in &mut self.agent.writers {
             if writer.pushing.as_ref().is_some_and(|pushing| pushing.is_finished()) {
                 let pushing = writer.pushing.take().expect("checked");

@@ -100,19 +100,10 @@ impl ShipContext {
         if let (Some(pos), Some(spool)) = (pos, self.buffer.spool()) {
             let (deletable, parked) = spool.done(pos);
             ack = ack.or(parked);
-            if deletable {
-                match tokio::runtime::Handle::try_current() {
-                    // `send` giving up a record librdkafka refused: a runtime worker, where a
-                    // file delete must not run.
-                    Ok(runtime) => {
-                        let spool = spool.clone();
-                        drop(runtime.spawn_blocking(move || spool.delete_done()));
-                    }
-                    // librdkafka's polling thread: a file delete is fine.
-                    Err(_) => {
-                        spool.delete_done();
-                    }
-                }
+            // librdkafka's polling thread: a file delete is fine. On a runtime worker (`send`
+            // giving up a record librdkafka refused) the spool writer's housekeeping deletes it.
+            if deletable && tokio::runtime::Handle::try_current().is_err() {
+                spool.delete_done();
             }
         }
         // The memory goes back before the writer hears of it: whoever is told the record is
@@ -230,6 +221,11 @@ impl ProducerContext for ShipContext {
             Ok(message) => Ok(message.payload_len()),
             Err((error, message)) => Err((error, message.payload(), message.key())),
         };
-        self.report(report, *in_flight);
+        // A panic here would end the polling thread (no report served again, the agent still
+        // ready): a bug, so the agent fails instead (`settle.rs`).
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.report(report, *in_flight)));
+        if let Err(panic) = served {
+            self.settler.panicked("serving a delivery report", panic.as_ref());
+        }
     }
 }

@@ -16,14 +16,18 @@
 //! µs per record where the polling thread alone took 0.45–0.53.
 //!
 //! A panic while settling is a bug, and the books cannot be trusted after it: it is caught
-//! wherever settling runs (this thread, `retire`, a report after the thread stopped — which would
-//! otherwise unwind through librdkafka's polling thread), the agent fails (drains, exits non-zero:
-//! [`Tasks::fail`]) and this thread goes on settling the batches after it. The batch in hand is
-//! counted delivered before anything else is done with it (Kafka has every record of it), so the
-//! panic counts none twice and loses none uncounted; what the panic skipped is let go: its memory
-//! comes back as the records are dropped, its writers hear nothing (their connections end with the
-//! drain), and its places in the spool stay owed, so those records are sent again at the next
-//! start (at least once: the persister keeps one row per id).
+//! wherever settling runs (this thread, `retire`, a report after the thread stopped), and so is one
+//! while the polling thread serves a delivery report (`ShipContext::delivery`: it would end that
+//! thread, and no report would be served again); the agent fails (drains, exits non-zero:
+//! [`Tasks::fail`], once) and this thread goes on settling the batches after it. The batch in hand
+//! is counted delivered before anything else is done with it (Kafka has every record of it), so
+//! none of it is lost uncounted; what the panic skipped is let go: its memory comes back as the
+//! records are dropped, its writers hear nothing (their connections end with the drain), and its
+//! places in the spool stay owed, so those records are sent again at the next start (at least
+//! once: the persister keeps one row per id). The books of that batch may be off until the exit:
+//! its ingest-time ages and shipping bytes may stay held (with a disk buffer the drain may then
+//! wait until sending stops), and a record of it whose segment `drop_oldest` had deleted is also
+//! counted `drain_timeout` at the exit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -53,6 +57,9 @@ pub(super) struct Settler {
     queue: Mutex<Vec<Delivered>>,
     /// Signalled when the queue gains its first record, or on stop.
     ready: Condvar,
+    /// Set by the first panic while settling (or serving a delivery report): later ones are
+    /// logged, not reported to `tasks` again.
+    failed: AtomicBool,
     stopping: AtomicBool,
     /// Held while a batch is settled: [`Settler::settle_now`] waits for the batch in hand.
     settling: Mutex<Vec<Delivered>>,
@@ -68,6 +75,7 @@ impl Settler {
             latency: metrics::histogram!(telemetry::SHIP_DELIVERY_LATENCY),
             queue: Mutex::new(Vec::new()),
             ready: Condvar::new(),
+            failed: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             settling: Mutex::new(Vec::new()),
         }
@@ -100,13 +108,24 @@ impl Settler {
         if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.settle(&mut batch))) {
             // What the panic skipped is let go (see the module doc); none of it is settled again.
             batch.clear();
-            self.tasks.fail(
-                "kafka-settle",
-                &format!("settling delivered records panicked: {}", panic_message(panic.as_ref())),
-            );
+            self.panicked("settling delivered records", panic.as_ref());
         }
-        // A burst's allocation is not kept for ever (each of the two vectors keeps its largest).
-        batch.shrink_to(KEEP_CAPACITY);
+        // Idle: a burst's room is let go (each of the two vectors keeps the largest batch it held).
+        if batch.capacity() > KEEP_CAPACITY && self.queue().is_empty() {
+            batch.shrink_to(KEEP_CAPACITY);
+        }
+    }
+
+    /// A panic while settling, or while serving a delivery report: a bug, after which the books
+    /// cannot be trusted: the agent fails (drains, exits non-zero); once, however often it
+    /// recurs while the drain runs.
+    pub(super) fn panicked(&self, doing: &str, panic: &(dyn std::any::Any + Send)) {
+        let why = format!("{doing} panicked: {}", panic_message(panic));
+        if self.failed.swap(true, Ordering::Relaxed) {
+            tracing::debug!(why, "another panic while settling");
+        } else {
+            self.tasks.fail("kafka-settle", &why);
+        }
     }
 
     /// The settling thread's loop, until [`Settler::stop`]: what is queued then is settled before
@@ -115,6 +134,9 @@ impl Settler {
         loop {
             {
                 let mut queue = self.queue();
+                if queue.is_empty() {
+                    queue.shrink_to(KEEP_CAPACITY);
+                }
                 while queue.is_empty() && !self.stopping.load(Ordering::Relaxed) {
                     queue = self.ready.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
                 }

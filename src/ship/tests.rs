@@ -159,10 +159,8 @@ mod mock {
             .request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER]);
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
-        let shipper = Arc::new(
-            Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
-                .expect("producer"),
-        );
+        let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -176,6 +174,7 @@ mod mock {
         assert_eq!(buffer.held_records(), 0, "every lease came back");
         stop.cancel();
         task.await.expect("shipper");
+        assert!(tasks.failures().is_empty(), "{:?}", tasks.failures());
     }
 
     /// Issue 12, item 5: a producer replaced with new settings was dropped by rdkafka, which
@@ -189,8 +188,8 @@ mod mock {
         cluster.create_topic("logs", 1, 1).expect("topic");
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
-        let mut shipper = Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
-            .expect("producer");
+        let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
+        let mut shipper = Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer");
         shipper.set_reconfigure_flush(Duration::from_millis(100));
         let shipper = Arc::new(shipper);
         let stop = CancellationToken::new();
@@ -219,6 +218,7 @@ mod mock {
         assert_eq!(shipper.recreations(), 0, "not a fatal error");
         stop.cancel();
         task.await.expect("shipper");
+        assert!(tasks.failures().is_empty(), "{:?}", tasks.failures());
     }
 
     /// Found by the second cold review (issue 12): a record spooled under an earlier config with
@@ -257,10 +257,8 @@ mod mock {
         let (spool, writer, _) = Spool::open(spool_config).expect("spool");
         assert_eq!(spool.undelivered(), 2);
         let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
-        let shipper = Arc::new(
-            Shipper::new(&config, buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()))
-                .expect("producer"),
-        );
+        let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -281,5 +279,6 @@ mod mock {
         );
         stop.cancel();
         task.await.expect("shipper");
+        assert!(tasks.failures().is_empty(), "{:?}", tasks.failures());
     }
 }
