@@ -293,7 +293,7 @@ impl<'a> RecordSink<'a> {
 
     /// The connection is about to wait for its writer: the counts are published, and what a
     /// burst grew is let go (a batch's records, a long transformed record), so an idle connection
-    /// holds no more than [`IDLE_BATCH`] records' room (its arena is kept: see [`ARENA_BYTES`]).
+    /// holds no more than [`IDLE_BATCH`] records' room (its arena is kept: see `ARENA_BYTES`).
     pub fn waiting(&mut self) {
         self.flush_counters();
         self.pending.shrink_to(IDLE_BATCH);
