@@ -283,21 +283,31 @@ async fn a_datagram_writer_that_never_stops_cannot_hold_the_drain() {
     assert!(rows > 0);
 }
 
+/// Starts an agent (`drain_timeout` 2 s) whose debug build panics at the fail `point`, writes
+/// `lines`, and waits for it to exit: non-zero, its log naming the failed `task`. Returns the
+/// setup and the log.
+async fn agent_failing_at(name: &str, point: &str, task: &str, lines: &[Vec<u8>]) -> (Setup, String) {
+    let point = point.to_string();
+    let setup = Scenario::new(name)
+        .set("agent", "drain_timeout", "2s")
+        .with(move |config| config.env.push(("SLUICE_FAIL_POINT".into(), point)))
+        .build()
+        .await;
+    let mut agent = setup.agent().await;
+    send_lines(&setup.config.socket(), lines).await;
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(!status.success(), "a failed task means a non-zero exit: {status:?}");
+    let log = agent.log_text();
+    assert!(log.contains("a task failed") && log.contains(task), "{log}");
+    (setup, log)
+}
+
 /// Issue 12, item 13: a panicked shipper looked "drained" (`let _ = task.await`) and the agent
 /// exited 0. Now the failure is logged at ERROR, starts the drain, and the exit code says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_panics_starts_the_drain_and_the_agent_exits_non_zero() {
-    let setup = Scenario::new("panic")
-        .set("agent", "drain_timeout", "2s")
-        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "ship".into())))
-        .build()
-        .await;
-    let mut agent = setup.agent().await;
-    send_lines(&setup.config.socket(), &[b"the shipper panics on this one".to_vec()]).await;
-    let status = agent.wait(Duration::from_secs(30)).await;
-    assert!(!status.success(), "a failed task means a non-zero exit: {status:?}");
-    let log = agent.log_text();
-    assert!(log.contains("a task failed") && log.contains("shipper"), "{log}");
+    let lines = [b"the shipper panics on this one".to_vec()];
+    let (_, log) = agent_failing_at("panic", "ship", "shipper", &lines).await;
     let (lost, abandoned, _, _) = drain_report(&log);
     assert_eq!(lost + abandoned, 1, "the record the shipper never sent is counted");
 }
@@ -308,18 +318,8 @@ async fn a_task_that_panics_starts_the_drain_and_the_agent_exits_non_zero() {
 /// counted delivered before anything else, and the agent fails: it drains and exits non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_while_settling_fails_the_agent_and_loses_no_record_uncounted() {
-    let setup = Scenario::new("settlepanic")
-        .set("agent", "drain_timeout", "2s")
-        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "settle".into())))
-        .build()
-        .await;
-    let mut agent = setup.agent().await;
     let lines: Vec<Vec<u8>> = (0..3).map(|i| format!("settled with a panic {i}").into_bytes()).collect();
-    send_lines(&setup.config.socket(), &lines).await;
-    let status = agent.wait(Duration::from_secs(30)).await;
-    assert!(!status.success(), "a panic while settling means a non-zero exit: {status:?}");
-    let log = agent.log_text();
-    assert!(log.contains("a task failed") && log.contains("kafka-settle"), "{log}");
+    let (setup, log) = agent_failing_at("settlepanic", "settle", "kafka-settle", &lines).await;
     let (lost, abandoned, _, unconfirmed) = drain_report(&log);
     assert_eq!((lost, abandoned, unconfirmed), (0, 0, 0), "Kafka has them: none is counted lost");
     assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 3);
