@@ -35,12 +35,61 @@ pub enum LogFormat {
     Json,
 }
 
+/// The levels a directive may name (`tracing`'s, and `off`).
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
 impl LogConfig {
-    /// Checks what types alone cannot.
+    /// Checks what types alone cannot. `tracing`'s filter reads a bare word that is not a level
+    /// as a target's name: `level = "verbose"` would enable one target nobody logs to and turn
+    /// every other line off, errors included. So each directive must be a level, or
+    /// `target=level` with a level (`sluice::ship=debug`), or a span filter (`target[span]=level`).
     pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
-        if tracing_subscriber::EnvFilter::try_new(&self.level).is_err() {
-            return Err(at.invalid("level", format!("`{}` is not a tracing filter", self.level)));
+        let is_level = |word: &str| LEVELS.iter().any(|level| word.eq_ignore_ascii_case(level));
+        for directive in self.level.split(',').map(str::trim).filter(|directive| !directive.is_empty()) {
+            let level = match directive.rsplit_once('=') {
+                Some((_, level)) => level,
+                None if directive.contains('[') => continue,
+                None => directive,
+            };
+            if !is_level(level) {
+                return Err(at.invalid(
+                    "level",
+                    format!(
+                        "`{directive}` is not a level ({}), nor `target=level`; a bare word would be read as a \
+                         target's name and silence every other line, errors included",
+                        LEVELS.join(", ")
+                    ),
+                ));
+            }
+        }
+        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.level) {
+            return Err(at.invalid("level", format!("`{}` is not a tracing filter: {error}", self.level)));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(level: &str) -> Result<(), String> {
+        let config = LogConfig { level: level.into(), format: LogFormat::Auto };
+        config.validate(&At { file: "sluice.toml", prefix: "log".into() }).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn a_level_that_is_not_one_is_refused_naming_the_key_instead_of_silencing_everything() {
+        let error = check("verbose").expect_err("verbose is not a level");
+        assert!(error.contains("sluice.toml") && error.contains("log.level") && error.contains("`verbose`"), "{error}");
+        let error = check("info,sluice::ship=verbose").expect_err("nor is it a target's");
+        assert!(error.contains("`sluice::ship=verbose`"), "{error}");
+    }
+
+    #[test]
+    fn levels_and_target_directives_pass() {
+        for level in ["info", "WARN", "off", "info,sluice::ship=debug", "sluice=trace,librdkafka=off", "debug,"] {
+            assert_eq!(check(level), Ok(()), "{level}");
+        }
     }
 }
