@@ -1,6 +1,8 @@
 //! Admin HTTP server: `/metrics` (Prometheus text), `/healthz` (the process runs), `/readyz`
-//! (it can do its job: 200, or 503 with the reason), `/config` (the running config, secrets
-//! redacted — served only where it is meant to be seen, see [`ConfigEndpoint`]).
+//! (it can do its job: 200, or 503 with the reason), `/healthz/<dependency>` (the state of what
+//! it talks to — Kafka, PostgreSQL — which is never part of `/readyz`: see [`Checks`]),
+//! `/config` (the running config, secrets redacted — served only where it is meant to be seen,
+//! see [`ConfigEndpoint`]).
 //!
 //! Owns: the admin listener (and, when asked, the file saying what it bound: a port-0 listener's
 //! address for tests and the benchmark), its routes, and the bounds on its connections ([`Limits`]): the
@@ -43,6 +45,20 @@ pub fn config_view(running: &std::sync::Arc<std::sync::RwLock<crate::config::Con
 /// Says whether the process is ready (with a short status line) or why not. Must be cheap: it
 /// runs per request.
 pub type ReadinessCheck = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// What the health routes answer. `ready` is `/readyz`: whether the process does its job — for
+/// the agent, whether its sockets accept records. A dependency's state is apart
+/// (`/healthz/<name>`: 200 with a status line, 503 with what is wrong), so that a probe, a
+/// dashboard or `curl` can see it without it taking a pod out of service: in a pod a sidecar's
+/// readiness is its app's, and a consumer with no Service in front of it that turns unready for
+/// PostgreSQL makes its PodDisruptionBudget block node drains.
+#[derive(Clone)]
+pub struct Checks {
+    /// `/readyz`.
+    pub ready: ReadinessCheck,
+    /// `/healthz/<name>`, one per dependency.
+    pub dependencies: Vec<(&'static str, ReadinessCheck)>,
+}
 
 /// Sets the gauges a role computes only when asked (the buffer's records, bytes and age,
 /// readiness): run before each `/metrics` render, so an idle process needs no timer to keep
@@ -212,7 +228,7 @@ impl AdminServer {
         self,
         metrics: PrometheusHandle,
         refresh: Refresh,
-        ready: ReadinessCheck,
+        checks: Checks,
         config: ConfigView,
         stop: CancellationToken,
     ) {
@@ -223,7 +239,7 @@ impl AdminServer {
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).max_buf_size(MAX_BUF_BYTES);
         let slots = Arc::new(Semaphore::new(limits.max_connections));
-        let routes = Arc::new(Routes { metrics, refresh, ready, config, config_refusal });
+        let routes = Arc::new(Routes { metrics, refresh, checks, config, config_refusal });
         loop {
             let accepted = tokio::select! {
                 _ = stop.cancelled() => break,
@@ -267,7 +283,7 @@ impl AdminServer {
 struct Routes {
     metrics: PrometheusHandle,
     refresh: Refresh,
-    ready: ReadinessCheck,
+    checks: Checks,
     config: ConfigView,
     config_refusal: Option<String>,
 }
@@ -292,11 +308,26 @@ impl Routes {
                 None => text(StatusCode::OK, (self.config)()),
                 Some(refusal) => text(StatusCode::FORBIDDEN, refusal.clone()),
             },
-            "/readyz" => match (self.ready)() {
+            "/readyz" => match (self.checks.ready)() {
                 Ok(status) => text(StatusCode::OK, format!("{status}\n")),
                 Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
             },
-            _ => text(StatusCode::NOT_FOUND, "not found; try /metrics, /healthz, /readyz, /config\n".into()),
+            path => {
+                let dependency = path.strip_prefix("/healthz/").and_then(|name| {
+                    self.checks.dependencies.iter().find(|(known, _)| *known == name).map(|(_, check)| check)
+                });
+                match dependency.map(|check| check()) {
+                    Some(Ok(status)) => text(StatusCode::OK, format!("{status}\n")),
+                    Some(Err(reason)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+                    None => {
+                        let mut routes = String::from("not found; try /metrics, /healthz, /readyz, /config");
+                        for (name, _) in &self.checks.dependencies {
+                            routes.push_str(&format!(", /healthz/{name}"));
+                        }
+                        text(StatusCode::NOT_FOUND, routes + "\n")
+                    }
+                }
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Owns: the agent's lifecycle — build (bind everything first, so conflicts fail fast), spawn
 //! (every task under [`Tasks`]: one that fails starts the drain and the agent exits non-zero),
-//! run, drain, report — readiness (listening, Kafka reachable, not draining) and the shutdown
+//! run, drain, report — readiness (listening and not draining; Kafka's state is reported apart) and the shutdown
 //! sequence. Must not: contain pipeline logic of its own, or exit the process.
 //!
 //! Drain, in order (each stage has a token of its own): readiness goes false → listeners stop
@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::admin::{AdminError, AdminListener, AdminServer, ConfigEndpoint, ReadinessCheck};
+use crate::admin::{AdminError, AdminListener, AdminServer, Checks, ConfigEndpoint, ReadinessCheck};
 use crate::buffer::ack::AckBudget;
 use crate::buffer::spool::{Spool, SpoolOp, SpoolWriter};
 use crate::buffer::{Buffer, Policy, spooler};
@@ -42,10 +42,13 @@ use crate::ship::{ShipError, Shipper};
 use crate::telemetry;
 use crate::telemetry::outcome::{Dropped, Failed};
 
-/// How often Kafka's reachability is checked for `/readyz`.
+/// How often Kafka's reachability is checked (`sluice_kafka_reachable`, `/healthz/kafka`).
 const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one reachability check may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The first wait before checking again while Kafka does not answer (it doubles, up to
+/// `PROBE_INTERVAL`).
+const PROBE_RETRY: Duration = Duration::from_secs(1);
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -152,7 +155,7 @@ pub async fn run(
         admin.serve(
             metrics,
             refresh(&buffer, &ready),
-            ready.clone(),
+            Checks { ready: ready.clone(), dependencies: vec![("kafka", kafka_state(&shipper))] },
             crate::admin::config_view(&running),
             background.clone(),
         ),
@@ -400,24 +403,40 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
     Ok((buffer, Some(writer)))
 }
 
-/// The agent's `/readyz` rule. Not ready until the socket listens and Kafka has answered once
-/// (a wrong broker address fails the rollout), and not ready while draining. A Kafka outage
-/// *after* that does not make the agent unready: a sidecar that turns unready takes its whole
-/// pod out of service, which is the coupling Sluice exists to remove. The outage shows in the
-/// body, in `sluice_kafka_reachable`, and in the buffer's depth.
+/// The agent's `/readyz` rule: ready once its sockets accept records (everything is bound
+/// before the admin server answers), until the drain begins. Kafka is not part of it: in a pod,
+/// a sidecar's readiness is its app's, so an agent that followed Kafka would take every app pod
+/// out of its Service during a Kafka outage (or a SASL typo) and stall every rollout — the
+/// coupling Sluice exists to remove. Records wait in the buffer under its policy meanwhile;
+/// Kafka's state is [`kafka_state`] (`/healthz/kafka`), `sluice_kafka_reachable`, `sluice status`
+/// and an alert. The status line says when Kafka is not answering.
 fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {
-    let reachable = shipper.reachable();
-    let reached_once = shipper.reached_once();
+    let kafka = kafka_state(shipper);
     let draining = draining.clone();
     Arc::new(move || {
         if draining.load(Ordering::Relaxed) {
-            Err("draining".into())
-        } else if !reached_once.load(Ordering::Relaxed) {
-            Err("kafka has not answered yet".into())
+            return Err("draining".into());
+        }
+        Ok(match kafka() {
+            Ok(_) => "ready".into(),
+            Err(why) => format!("ready (accepting records; {why})"),
+        })
+    })
+}
+
+/// Kafka's state for `/healthz/kafka`: reachable, or why not — never answered since the start
+/// (a wrong `kafka.brokers`, TLS or SASL), or unreachable now (an outage). Never a reason for the
+/// agent to be unready.
+fn kafka_state(shipper: &Shipper) -> ReadinessCheck {
+    let reachable = shipper.reachable();
+    let reached_once = shipper.reached_once();
+    Arc::new(move || {
+        if !reached_once.load(Ordering::Relaxed) {
+            Err("kafka has not answered since the agent started (check kafka.brokers, TLS and SASL); records are buffered".into())
         } else if !reachable.load(Ordering::Relaxed) {
-            Ok("ready; kafka unreachable, records are buffered".into())
+            Err("kafka unreachable; records are buffered".into())
         } else {
-            Ok("ready".into())
+            Ok("kafka reachable".into())
         }
     })
 }
@@ -431,16 +450,63 @@ fn refresh(buffer: &Buffer, ready: &ReadinessCheck) -> crate::admin::Refresh {
     })
 }
 
-/// Keeps the reachability flag current until `stop`: a metadata request every
-/// `PROBE_INTERVAL`, every second while Kafka does not answer.
+/// Keeps Kafka's reachability current until `stop`: a metadata request every `PROBE_INTERVAL`;
+/// while Kafka does not answer, sooner (from a second, doubling), so its return is seen quickly.
+/// Says what changed in one line each: Kafka unreachable (and, while it stays so, a reminder
+/// once a minute), Kafka reachable again with how long it was away and how many of the Kafka
+/// client's lines were counted and not written meanwhile (`telemetry::librdkafka`).
 async fn probe_kafka(shipper: Arc<Shipper>, stop: CancellationToken) {
+    let mut outage: Option<Outage> = None;
+    let mut started = true;
+    let mut retry = PROBE_RETRY;
     loop {
-        let ok = shipper.probe(PROBE_TIMEOUT).await;
-        // Retry soon while unreachable so readiness follows a recovering broker quickly.
-        let next = if ok { PROBE_INTERVAL } else { Duration::from_secs(1) };
+        let now = Instant::now();
+        let next = match shipper.probe(PROBE_TIMEOUT).await {
+            Ok(()) => {
+                if let Some(outage) = outage.take() {
+                    info!(
+                        unreachable_for_seconds = now.duration_since(outage.began).as_secs(),
+                        client_lines_not_logged = telemetry::librdkafka::answered(),
+                        "kafka reachable again"
+                    );
+                } else if started {
+                    info!("kafka reachable");
+                }
+                retry = PROBE_RETRY;
+                PROBE_INTERVAL
+            }
+            Err(error) => {
+                match &mut outage {
+                    None if started => {
+                        warn!(%error, "kafka has not answered since the agent started (check kafka.brokers, TLS and SASL); records are buffered under the buffer's policy")
+                    }
+                    None => warn!(%error, "kafka unreachable; records are buffered under the buffer's policy"),
+                    Some(outage) if now.duration_since(outage.reminded) >= telemetry::repeats::REMINDER_EVERY => {
+                        outage.reminded = now;
+                        warn!(
+                            %error,
+                            unreachable_for_seconds = now.duration_since(outage.began).as_secs(),
+                            "kafka still unreachable; records are buffered under the buffer's policy"
+                        );
+                    }
+                    Some(_) => {}
+                }
+                outage.get_or_insert(Outage { began: now, reminded: now });
+                let next = retry;
+                retry = (retry * 2).min(PROBE_INTERVAL);
+                next
+            }
+        };
+        started = false;
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(next) => {}
         }
     }
+}
+
+/// Kafka not answering, since `began`; the last line about it was written at `reminded`.
+struct Outage {
+    began: Instant,
+    reminded: Instant,
 }

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::{AdminError, AdminListener, AdminServer, ConfigEndpoint, ReadinessCheck};
+use crate::admin::{AdminError, AdminListener, AdminServer, Checks, ConfigEndpoint, ReadinessCheck};
 use crate::config::Config;
 use crate::config::reload::{self, Reloading};
 use crate::lifecycle::Tasks;
@@ -65,7 +65,7 @@ use lanes::{Postgres, Run, connect_writer, consume};
 
 /// How often partitions ahead are created and old ones dropped.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
-/// How often PostgreSQL is asked `SELECT 1` for `/readyz`, also while no records arrive.
+/// How often PostgreSQL is asked `SELECT 1` for its state, also while no records arrive.
 const DATABASE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the final offset commit and the consumer's close may take together at the end of a
 /// drain. With a broker that answers both take milliseconds; one that does not (a partition, a
@@ -178,7 +178,13 @@ pub async fn run(
     let mut services = vec![tasks.service(
         "admin",
         background.clone(),
-        admin.serve(metrics, Arc::new(|| {}), ready.clone(), crate::admin::config_view(&running), background.clone()),
+        admin.serve(
+            metrics,
+            Arc::new(|| {}),
+            Checks { ready: ready.clone(), dependencies: vec![("postgres", health.postgres_state())] },
+            crate::admin::config_view(&running),
+            background.clone(),
+        ),
     )];
     if let Some(reloading) = reloading {
         services.push(tasks.service(
@@ -273,33 +279,79 @@ pub async fn run(
     Ok(())
 }
 
-/// What the persister's readiness is made of, each part written by the one who knows it: one
+/// What the persister's health is made of, each part written by the one who knows it: one
 /// struct shared by the run, its tasks and the consumer's callbacks.
+///
+/// Readiness is "alive and able to work": the process runs, its admin port answers and it is not
+/// draining. A persister has no Service in front of it, so readiness only steers rollouts and
+/// the PodDisruptionBudget: a replica with no partitions (spare: more replicas than the topic has
+/// partitions, as KEDA scales them) is ready to take some at the next rebalance, and one waiting
+/// for PostgreSQL is ready to write once it is back — if they turned unready, a database outage
+/// would make every replica unready and the budget would block every node drain. What they wait
+/// for is reported apart: `sluice_persist_assigned_partitions`,
+/// `sluice_persist_postgres_reachable`, `/healthz/postgres`, the lag, and their alerts.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     /// Partitions assigned to this member (the consumer's rebalance callback).
     pub(crate) assigned: AtomicUsize,
     /// PostgreSQL answered the last connect, write or probe.
-    pub(crate) database_ok: AtomicBool,
+    database_ok: AtomicBool,
     /// The drain has begun.
     pub(crate) draining: AtomicBool,
+    /// PostgreSQL's failures while it is away, collapsed (one line when it goes, one a minute
+    /// while it stays away, one when it is back).
+    database_failures: telemetry::repeats::Repeats,
 }
 
 impl Health {
-    /// `/readyz`: not draining, PostgreSQL reachable, at least one partition assigned.
+    /// `/readyz`: ready unless draining; the status line says what this member waits for.
     fn readiness(self: &Arc<Self>) -> ReadinessCheck {
         let health = self.clone();
         Arc::new(move || {
             if health.draining.load(Ordering::Relaxed) {
-                Err("draining".into())
-            } else if !health.database_ok.load(Ordering::Relaxed) {
-                Err("postgres not reachable".into())
-            } else if health.assigned.load(Ordering::Relaxed) == 0 {
-                Err("no partitions assigned".into())
+                return Err("draining".into());
+            }
+            let mut waits = Vec::new();
+            if !health.database_ok.load(Ordering::Relaxed) {
+                waits.push("postgres unreachable, retrying");
+            }
+            if health.assigned.load(Ordering::Relaxed) == 0 {
+                waits.push("no partitions assigned");
+            }
+            Ok(if waits.is_empty() { "ready".into() } else { format!("ready ({})", waits.join("; ")) })
+        })
+    }
+
+    /// `/healthz/postgres`.
+    fn postgres_state(self: &Arc<Self>) -> ReadinessCheck {
+        let health = self.clone();
+        Arc::new(move || {
+            if health.database_ok.load(Ordering::Relaxed) {
+                Ok("postgres reachable".into())
             } else {
-                Ok("ready".into())
+                Err("postgres unreachable; batches wait and are retried (nothing is lost)".into())
             }
         })
+    }
+
+    /// PostgreSQL answered (a connect, a write or the probe).
+    pub(crate) fn database_answered(&self) {
+        if !self.database_ok.swap(true, Ordering::Relaxed) {
+            metrics::gauge!(telemetry::PERSIST_POSTGRES_REACHABLE).set(1.0);
+            let failures = self.database_failures.clear();
+            info!(failures_not_logged = failures, "postgres reachable");
+        }
+    }
+
+    /// PostgreSQL failed `doing` (connect, write, probe) with `error`, a failure it is retried
+    /// after. Logged the first time, then once a minute with the count while it goes on.
+    pub(crate) fn database_failed(&self, doing: &'static str, error: &dyn std::fmt::Display) {
+        if self.database_ok.swap(false, Ordering::Relaxed) {
+            metrics::gauge!(telemetry::PERSIST_POSTGRES_REACHABLE).set(0.0);
+        }
+        if let Some(repeated) = self.database_failures.admit(doing) {
+            warn!(%error, doing, repeated, "postgres failed; retrying with backoff (further failures are counted in one line a minute)");
+        }
     }
 }
 
@@ -336,26 +388,25 @@ async fn maintain(config: Config, stop: CancellationToken) {
     }
 }
 
-/// Keeps the database flag of `/readyz` current while the writer is idle, on its own connection.
+/// Keeps PostgreSQL's state (`sluice_persist_postgres_reachable`, `/healthz/postgres`) current
+/// while the writer is idle, on its own connection.
 async fn probe_database(config: crate::config::PostgresConfig, health: Arc<Health>, stop: CancellationToken) {
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
         let check = async {
             if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-                client = writer::connect(&config).await.ok();
+                client = None;
+                client = Some(writer::connect(&config).await?);
             }
             match &client {
-                Some(client) => client.simple_query("SELECT 1").await.is_ok(),
-                None => false,
+                Some(client) => client.simple_query("SELECT 1").await.map(drop).map_err(PersistError::Postgres),
+                None => Ok(()),
             }
         };
-        let ok = tokio::time::timeout(DATABASE_PROBE_INTERVAL, check).await.unwrap_or(false);
-        if health.database_ok.swap(ok, Ordering::Relaxed) != ok {
-            if ok {
-                info!("postgres reachable");
-            } else {
-                warn!("postgres unreachable");
-            }
+        match tokio::time::timeout(DATABASE_PROBE_INTERVAL, check).await {
+            Ok(Ok(())) => health.database_answered(),
+            Ok(Err(error)) => health.database_failed("probe", &error),
+            Err(_) => health.database_failed("probe", &"no answer within 5 s"),
         }
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -420,26 +420,22 @@ impl Shipper {
         }
     }
 
-    /// Asks Kafka for the topic's metadata (on the blocking pool) and records the answer.
-    pub async fn probe(&self, timeout: Duration) -> bool {
+    /// Asks Kafka for the topic's metadata (on the blocking pool) and records the answer in the
+    /// reachability flags and `sluice_kafka_reachable`; the caller says what changed.
+    pub async fn probe(&self, timeout: Duration) -> Result<(), KafkaError> {
         let producer = self.producer();
         let topic = self.topic.clone();
-        let ok = tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout).is_ok())
-            .await
-            .unwrap_or(false);
-        let was = self.reachable.swap(ok, Ordering::Relaxed);
+        let answer =
+            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout).map(drop))
+                .await
+                .unwrap_or_else(|_| Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)));
+        let ok = answer.is_ok();
+        self.reachable.store(ok, Ordering::Relaxed);
         if ok {
             self.reached_once.store(true, Ordering::Relaxed);
         }
-        if ok != was {
-            if ok {
-                info!(topic = %self.topic, "kafka reachable");
-            } else {
-                warn!(topic = %self.topic, "kafka unreachable");
-            }
-        }
         metrics::gauge!(telemetry::KAFKA_REACHABLE).set(if ok { 1.0 } else { 0.0 });
-        ok
+        answer
     }
 
     /// The end of the drain, once the shipper's task has stopped: what librdkafka has not sent

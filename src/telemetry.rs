@@ -14,6 +14,7 @@ use crate::config::{LogConfig, LogFormat};
 
 pub mod librdkafka;
 pub mod outcome;
+pub mod repeats;
 pub mod scrape;
 
 /// Label key for the cause of a rejection, drop or failure.
@@ -114,6 +115,8 @@ pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
 pub const PERSIST_LOST: &str = "sluice_persist_records_lost_total";
 /// Partitions currently assigned to this persister.
 pub const PERSIST_ASSIGNED_PARTITIONS: &str = "sluice_persist_assigned_partitions";
+/// 1 while PostgreSQL answers the persister (its last connect, batch write or probe worked).
+pub const PERSIST_POSTGRES_REACHABLE: &str = "sluice_persist_postgres_reachable";
 /// Records in the topic not yet persisted, per `partition` (high watermark minus stored offset).
 pub const PERSIST_LAG_RECORDS: &str = "sluice_persist_lag_records";
 /// While a partition lags: now minus the ingest time of its last persisted record; 0 otherwise.
@@ -307,6 +310,7 @@ fn describe_all() {
     describe_counter!(PERSIST_DEAD_LETTERS, "Messages kept in dead_letters, by reason.");
     describe_counter!(PERSIST_LOST, "Messages PostgreSQL refused as a row and as a dead letter, by reason.");
     describe_gauge!(PERSIST_ASSIGNED_PARTITIONS, "Partitions assigned to this persister.");
+    describe_gauge!(PERSIST_POSTGRES_REACHABLE, "1 while PostgreSQL answers the persister.");
     describe_counter!(PERSIST_REBALANCES, "Consumer group rebalances seen.");
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
     describe_gauge!(READY, "1 while /readyz answers 200.");
@@ -355,6 +359,7 @@ pub fn register_persist_series() {
         reason.count(0);
     }
     metrics::gauge!(PERSIST_ASSIGNED_PARTITIONS).set(0.0);
+    metrics::gauge!(PERSIST_POSTGRES_REACHABLE).set(0.0);
 }
 
 /// Changes the log filter of a running process (config reload).

@@ -221,13 +221,13 @@ impl Drop for Process {
     }
 }
 
-/// Starts `sluice agent` on `config` and waits until `/readyz` says ready.
+/// Starts `sluice agent` on `config` and waits until it works ([`wait_ready`]: Kafka answers).
 pub async fn start_agent(config: &TestConfig) -> Process {
     start_role("agent", config, TestConfig::started_agent).await
 }
 
-/// Starts `sluice persist` on `config` and waits until `/readyz` says ready (partitions
-/// assigned).
+/// Starts `sluice persist` on `config` and waits until it works ([`wait_ready`]: PostgreSQL
+/// answers, partitions assigned).
 pub async fn start_persister(config: &TestConfig) -> Process {
     start_role("persist", config, TestConfig::started_persister).await
 }
@@ -247,11 +247,16 @@ async fn start_role(role: &'static str, config: &TestConfig, started: fn(&TestCo
     process
 }
 
-/// Waits until `/readyz` at `admin` answers 200, failing if `process` exits or [`WAIT`] passes.
+/// Waits until `/readyz` at `admin` answers 200 with a plain `ready`: the process is ready and
+/// what it works with answers (a ready agent whose Kafka has not answered says so in the same
+/// line, as does a persister with no partitions or PostgreSQL away: both are ready, and neither
+/// does its work yet). Fails if `process` exits or [`WAIT`] passes.
 pub async fn wait_ready(process: &mut Process, admin: SocketAddr) {
     let deadline = Instant::now() + WAIT;
     loop {
-        if let Ok((200, _)) = http_get(admin, "/readyz").await {
+        if let Ok((200, body)) = http_get(admin, "/readyz").await
+            && body.trim() == "ready"
+        {
             return;
         }
         assert!(process.running(), "{} exited; log:\n{}", process.name, process.log_text());

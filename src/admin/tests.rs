@@ -32,10 +32,16 @@ async fn start(listen: &str, enabled: Option<bool>, limits: Limits) -> Running {
         address.set_ip(Ipv4Addr::LOCALHOST.into());
     }
     let metrics = PrometheusBuilder::new().build_recorder().handle();
-    let ready: ReadinessCheck = Arc::new(|| Ok("ready".into()));
+    let checks = Checks {
+        ready: Arc::new(|| Ok("ready".into())),
+        dependencies: vec![
+            ("kafka", Arc::new(|| Err("kafka unreachable; records are buffered".into()))),
+            ("postgres", Arc::new(|| Ok("postgres reachable".into()))),
+        ],
+    };
     let config: ConfigView = Arc::new(|| "[agent]\nadmin_listen = \"x\"\n".into());
     let stop = CancellationToken::new();
-    tokio::spawn(server.serve(metrics, Arc::new(|| {}), ready, config, stop.clone()));
+    tokio::spawn(server.serve(metrics, Arc::new(|| {}), checks, config, stop.clone()));
     Running { address, stop }
 }
 
@@ -186,4 +192,15 @@ async fn config_follows_the_key_when_it_is_set() {
     let (status, body) = get(disabled.address, "/config").await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains(KEY), "{body}");
+}
+
+#[tokio::test]
+async fn a_dependency_state_is_served_apart_from_readiness() {
+    let server = start("127.0.0.1:0", None, Limits::default()).await;
+    assert_eq!(get(server.address, "/readyz").await, (200, "ready\n".into()), "a dependency never gates /readyz");
+    assert_eq!(get(server.address, "/healthz/kafka").await, (503, "kafka unreachable; records are buffered\n".into()));
+    assert_eq!(get(server.address, "/healthz/postgres").await, (200, "postgres reachable\n".into()));
+    let (status, body) = get(server.address, "/healthz/redis").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("/healthz/kafka, /healthz/postgres"), "{body}");
 }

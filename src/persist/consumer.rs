@@ -115,7 +115,11 @@ impl ClientContext for PersistContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        warn!(%error, reason, "kafka client error");
+        telemetry::librdkafka::client_error(&error, reason);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        telemetry::librdkafka::log(level, facility, message);
     }
 }
 

@@ -8,7 +8,6 @@
 //! [`BatchWriter`] and [`Source`] traits are the seam the persister's model test drives.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::future::{join, join_all};
@@ -93,15 +92,12 @@ pub(super) async fn connect_writer<D: Database>(
     loop {
         match database.connect().await {
             Ok(writer) => {
-                health.database_ok.store(true, Ordering::Relaxed);
+                health.database_answered();
                 return Ok(Some(writer));
             }
             // A migration that fails will fail again: stop instead of looping.
             Err(error @ PersistError::Migration(_)) => return Err(error),
-            Err(error) => {
-                health.database_ok.store(false, Ordering::Relaxed);
-                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot use postgres yet");
-            }
+            Err(error) => health.database_failed("connect", &error),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -403,7 +399,7 @@ pub(super) async fn write_batch<D: Database, C: Source>(
         let started = Instant::now();
         match write_isolating(writer, &mut batch).await {
             Ok(()) => {
-                health.database_ok.store(true, Ordering::Relaxed);
+                health.database_answered();
                 let committed = std::mem::take(&mut batch.committed);
                 metrics::histogram!(telemetry::PERSIST_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
                 metrics::counter!(telemetry::PERSIST_BATCHES).increment(1);
@@ -419,15 +415,14 @@ pub(super) async fn write_batch<D: Database, C: Source>(
             }
             Err(error) => {
                 metrics::counter!(telemetry::PERSIST_WRITE_ERRORS).increment(1);
-                error!(%error, records = batch.len(), retry_in_ms = backoff.as_millis() as u64, "batch write failed; retrying");
+                // Counted per write; logged once, then once a minute while writes keep failing.
+                health.database_failed("batch write", &error);
                 if !writer.is_usable() {
-                    health.database_ok.store(false, Ordering::Relaxed);
                     match connect_writer(database, health, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
-                        Err(error) => {
-                            error!(%error, "cannot reconnect to postgres");
-                        }
+                        // A migration that fails (it will again): logged once a minute, retried.
+                        Err(error) => health.database_failed("migration", &error),
                     }
                 }
             }

@@ -676,7 +676,7 @@ async fn drive(ops: &[Op], counters: &Counters) -> Result<(), TestCaseError> {
     let config = model_config();
     let running = std::sync::RwLock::new(config.clone());
     let health = Health::default();
-    health.database_ok.store(true, std::sync::atomic::Ordering::Relaxed);
+    health.database_answered();
     let lag = LagClock::default();
     let shutdown = CancellationToken::new();
     let run =

@@ -17,7 +17,7 @@ use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
-use tracing::{error, warn};
+use tracing::error;
 
 use super::settle::{Delivered, Settler};
 use super::{Disposition, classify, give_up_reason, reason};
@@ -55,8 +55,12 @@ impl ClientContext for ShipContext {
             error!(%error, reason, "kafka producer reported a fatal error; it will be replaced");
             self.fatal.store(true, Ordering::Relaxed);
         } else {
-            warn!(%error, reason, "kafka client error");
+            telemetry::librdkafka::client_error(&error, reason);
         }
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        telemetry::librdkafka::log(level, facility, message);
     }
 }
 

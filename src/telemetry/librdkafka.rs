@@ -1,16 +1,69 @@
-//! librdkafka's statistics (its `statistics.interval.ms` callback) mapped to Sluice metric names.
+//! librdkafka's statistics (its `statistics.interval.ms` callback) mapped to Sluice metric names,
+//! and its log lines and client errors written collapsed.
 //!
-//! Owns: which of librdkafka's figures an SRE sees and under what name. Must not: export
-//! librdkafka's raw names or per-message detail; labels stay small (broker id, partition).
+//! Owns: which of librdkafka's figures an SRE sees and under what name, and how its lines reach
+//! the log ([`client_error`], [`log`]: the first of a kind, then one a minute with the count of
+//! its repeats, [`super::repeats`]). Must not: export librdkafka's raw names or per-message
+//! detail; labels stay small (broker id, partition); write a line per repeat of a failed
+//! connection (during an outage librdkafka reports one every few tens of milliseconds).
 //! librdkafka's counters restart with a replaced producer, so they are turned into increments
 //! here rather than exported as absolute values that could go backwards.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
 
 use super::REASON;
+use super::repeats::{REMINDER_EVERY, Repeats, librdkafka_kind};
+
+/// The Kafka client's lines of this process (its producer's or its consumer's), collapsed. One
+/// for the process, so a replaced producer does not start the count over.
+static LINES: Repeats = Repeats::new(REMINDER_EVERY);
+
+/// A client error librdkafka reports (its `error_cb`: a broker down, all brokers down, an
+/// authentication failure): retried by librdkafka, so a WARN — written the first time, then
+/// once a minute with the count while it repeats.
+pub fn client_error(error: &KafkaError, reason: &str) {
+    let kind = match error.rdkafka_error_code() {
+        Some(code) => format!("{code:?}"),
+        None => error.to_string(),
+    };
+    if let Some(repeated) = LINES.admit(&kind) {
+        tracing::warn!(%error, reason, repeated, "kafka client error");
+    }
+}
+
+/// One of librdkafka's own log lines (its `log_cb`), collapsed by facility and text, at a level
+/// Sluice's rules give it: librdkafka logs a refused connection at ERROR, but it is retried and
+/// recovers by itself, so it is a WARN here; only what librdkafka calls critical and above is
+/// an ERROR. Keeps librdkafka's target, so `log.level = "info,librdkafka=off"` still silences it.
+pub fn log(level: RDKafkaLogLevel, facility: &str, message: &str) {
+    if matches!(level, RDKafkaLogLevel::Debug) {
+        tracing::debug!(target: "librdkafka", "librdkafka: {facility} {message}");
+        return;
+    }
+    let Some(repeated) = LINES.admit(&librdkafka_kind(facility, message)) else { return };
+    match level {
+        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical => {
+            tracing::error!(target: "librdkafka", repeated, "librdkafka: {facility} {message}");
+        }
+        RDKafkaLogLevel::Error | RDKafkaLogLevel::Warning => {
+            tracing::warn!(target: "librdkafka", repeated, "librdkafka: {facility} {message}");
+        }
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+            tracing::info!(target: "librdkafka", repeated, "librdkafka: {facility} {message}");
+        }
+    }
+}
+
+/// Kafka answers again: the kinds of the outage are forgotten (the next failure is written at
+/// once). Returns how many of their lines were counted and not written.
+pub fn answered() -> u64 {
+    LINES.clear()
+}
 
 /// How often librdkafka reports its statistics (`statistics.interval.ms`), for the producer
 /// and the consumer alike.

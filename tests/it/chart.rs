@@ -288,8 +288,19 @@ fn the_chart_readme_documents_every_value() {
     let readme = include_str!("../../helm/sluice/README.md");
     fn leaves(prefix: &str, value: &Value, out: &mut Vec<String>) {
         // Free-form maps (sluice's own config, resources, labels) are documented as a whole.
-        let free =
-            ["config", "resources", "selector", "labels", "properties", "podAnnotations", "nodeSelector", "affinity"];
+        let free = [
+            "config",
+            "resources",
+            "selector",
+            "labels",
+            "properties",
+            "podAnnotations",
+            "nodeSelector",
+            "affinity",
+            "startup",
+            "readiness",
+            "liveness",
+        ];
         match value.as_mapping() {
             Some(map) if !map.is_empty() && !free.iter().any(|f| prefix.ends_with(f)) => {
                 for (key, child) in map {

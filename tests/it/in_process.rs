@@ -74,7 +74,7 @@ impl<T: Debug> InProcess<T> {
         until(&format!("the {name} to be ready"), || async {
             assert!(!role.task.is_finished(), "the {name} returned before it was ready");
             match http_get(admin, "/readyz").await {
-                Ok((200, _)) => Ok(()),
+                Ok((200, body)) if body.trim() == "ready" => Ok(()),
                 Ok((status, body)) => Err(format!("{status} {}", body.trim())),
                 Err(error) => Err(error.to_string()),
             }

@@ -411,3 +411,40 @@ async fn a_database_in_the_v1_layout_is_upgraded_in_place_and_an_old_record_rede
         ]
     );
 }
+
+/// Issue 30, item 2: a persister with no partitions — a spare, as KEDA scales up to more
+/// replicas than the topic has partitions — was never ready and paged `SluicePersisterNotReady`
+/// as critical. It is ready (a rebalance may give it partitions at any time) and says it holds
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_persister_with_no_partitions_is_ready_and_says_it_holds_none() {
+    let setup = Scenario::new("spare").build().await;
+    let _first = setup.persister().await;
+    let member = setup.group_member();
+    let path = member.write();
+    let mut second = Process::spawn_with_env(
+        "persist",
+        &["persist", "--config", path.to_str().expect("utf-8 path")],
+        member.dir.path(),
+        &member.env,
+    );
+    let admins = [setup.config.persist_admin(), second.wait_admin().await];
+    // The one partition goes to either member at the rebalance: the other is the spare.
+    let spare = until("both ready, one of them holding no partitions", || async {
+        let mut bodies = Vec::new();
+        for admin in admins {
+            match http_get(admin, "/readyz").await {
+                Ok((200, body)) => bodies.push(body.trim().to_string()),
+                other => return Err(format!("{admin}: {other:?}")),
+            }
+        }
+        match bodies.iter().position(|body| body == "ready (no partitions assigned)") {
+            Some(spare) if bodies[1 - spare] == "ready" => Ok(admins[spare]),
+            _ => Err(format!("{bodies:?}")),
+        }
+    })
+    .await;
+    let metrics = until_metric(spare, telemetry::PERSIST_POSTGRES_REACHABLE, &[], 1.0).await;
+    assert_eq!(metrics.count(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]), 0.0);
+    assert_eq!(http_get(spare, "/healthz/postgres").await.expect("healthz/postgres").0, 200);
+}

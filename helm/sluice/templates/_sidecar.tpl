@@ -62,24 +62,19 @@ where `.Values.sluice` is this chart's values block (its `sidecar`, `image`, `ka
       containerPort: {{ $sidecar.adminPort }}
       protocol: TCP
   # The agent binds its socket before its admin server answers, so /healthz answering means
-  # the socket is listening: the app may start.
+  # the socket is listening: the app may start. /readyz never follows Kafka.
+  {{- with $sidecar.probes.startup }}
   startupProbe:
-    httpGet:
-      path: /healthz
-      port: sluice-admin
-    periodSeconds: 1
-    failureThreshold: 60
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $sidecar.probes.readiness }}
   readinessProbe:
-    httpGet:
-      path: /readyz
-      port: sluice-admin
-    periodSeconds: 10
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $sidecar.probes.liveness }}
   livenessProbe:
-    httpGet:
-      path: /healthz
-      port: sluice-admin
-    periodSeconds: 20
-    failureThreshold: 3
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- if not $sidecar.native }}
   lifecycle:
     preStop:
