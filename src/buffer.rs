@@ -39,6 +39,8 @@ use crate::telemetry::outcome::{Dropped, Refused};
 
 pub mod ack;
 mod admission;
+mod backlog;
+mod ending;
 mod lease;
 
 pub mod spool;
@@ -47,6 +49,7 @@ pub mod spooler;
 
 use ack::{Ack, AckPoint};
 pub use admission::{Admission, BufferFull, Policy};
+pub use ending::InFlight;
 pub use lease::Lease;
 use spool::{Spool, SpoolPos};
 
@@ -90,6 +93,10 @@ pub struct Record {
     pub ingest_ms: u64,
     /// Its writer's claim to hear when it is safe (acknowledged mode).
     pub ack: Option<Ack>,
+    /// Kafka may hold it already: an earlier attempt failed after the broker may have written it
+    /// (librdkafka's "possibly persisted"). At the drain such a record is counted `unconfirmed`,
+    /// never `drain_timeout` (which says "not stored").
+    pub maybe_stored: bool,
 }
 
 impl Record {

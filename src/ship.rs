@@ -21,19 +21,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::buffer::spool::{SpoolOp, SpoolPos, SpoolReader};
-use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Lease, Record, Work};
+use crate::buffer::spool::{SpoolPos, SpoolReader};
+use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Record, Work};
 use crate::config::Config;
 use crate::lifecycle::Tasks;
 use crate::telemetry;
-use crate::telemetry::outcome::{self, Dropped, Failed};
+use crate::telemetry::outcome::{self, Failed};
 
 #[cfg(test)]
 mod model;
@@ -43,7 +42,8 @@ mod settle;
 #[cfg(test)]
 mod tests;
 
-pub use report::{InFlight, ShipContext};
+pub use crate::buffer::InFlight;
+pub use report::ShipContext;
 
 /// Most records moved from the buffer to librdkafka per wake-up.
 const SEND_BATCH: usize = 512;
@@ -365,7 +365,7 @@ impl Shipper {
             }
             return reader;
         };
-        let (reader, records, _rest) = read_backlog(&self.buffer, reader, lease, from, upto).await;
+        let (reader, records, _rest) = self.buffer.next_backlog(reader, lease, from, upto).await;
         for record in records {
             self.send(record, stop).await;
         }
@@ -390,7 +390,7 @@ impl Shipper {
                         // not between batches, and send this record with the new one.
                         producer.context().fatal.store(true, Ordering::Relaxed);
                         if stop.is_cancelled() {
-                            producer.context().unsent(*returned.delivery_opaque);
+                            self.buffer.unsent(*returned.delivery_opaque);
                             return;
                         }
                         self.recreate().await;
@@ -402,14 +402,13 @@ impl Shipper {
                     if retryable && stop.is_cancelled() {
                         // Shutting down with librdkafka full: a spooled record stays owed on disk
                         // for the next start; a memory-only one is lost and counted.
-                        producer.context().unsent(*returned.delivery_opaque);
+                        self.buffer.unsent(*returned.delivery_opaque);
                         return;
                     }
                     if !retryable {
                         let failed = give_up_reason(&error);
                         error!(%error, kafka_error = reason(&error), reason = failed.as_str(), "kafka refused a record; it is dropped and counted");
-                        failed.count(1);
-                        producer.context().settle(*returned.delivery_opaque, Some(failed));
+                        self.buffer.give_up(*returned.delivery_opaque, failed);
                         return;
                     }
                     // QueueFull: librdkafka holds its share of the budget; wait for reports.
@@ -480,95 +479,15 @@ impl Shipper {
     }
 }
 
-/// One chunk of the backlog, read from the spool (on the blocking pool) within `lease`: the
-/// records to send, each with its share of the lease cut out, and what is left of the lease
-/// (held until they are sent, as one read's chunk always was). A record no lease can hold is
-/// given up and counted; one that does not fit what is left goes back to the backlog.
+/// The backlog lane's read, by the name the model-based test drives it
+/// ([`Buffer::next_backlog`]).
+#[cfg(test)]
 async fn read_backlog(
     buffer: &Buffer,
-    mut reader: SpoolReader,
-    mut lease: Lease,
+    reader: crate::buffer::spool::SpoolReader,
+    lease: crate::buffer::Lease,
     from: SpoolPos,
     upto: SpoolPos,
-) -> (SpoolReader, Vec<Record>, Lease) {
-    let (chunk, records) = (lease.bytes(), lease.records());
-    let payload_budget = chunk.saturating_sub(records * crate::buffer::RECORD_OVERHEAD).max(1);
-    let (reader, result) = tokio::task::spawn_blocking(move || {
-        let result = reader.read(from, upto, records, payload_budget);
-        (reader, result)
-    })
-    .await
-    .expect("spool reads do not panic");
-    let batch = match result {
-        Ok(batch) => batch,
-        Err(error) => {
-            metrics::counter!(telemetry::SPOOL_ERRORS, "op" => SpoolOp::Read.as_str()).increment(1);
-            error!(%error, "cannot read the spool backlog; retrying");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            return (reader, Vec::new(), lease);
-        }
-    };
-    if batch.corrupt_regions > 0 {
-        Dropped::Corrupt.count(batch.corrupt_records);
-        metrics::counter!(telemetry::SPOOL_CORRUPT_BYTES).increment(batch.corrupt_bytes);
-        buffer.notify_settled();
-    }
-    let mut records = batch.records.into_iter();
-    let mut out = Vec::new();
-    // Nothing taken from the lease yet: a record that does not fit it now never will.
-    let mut untouched = true;
-    while let Some(record) = records.next() {
-        let cost = buffer.cost(record.payload.len(), record.key.as_ref().map_or(0, Bytes::len));
-        if untouched && cost > lease.bytes() {
-            // Spooled under an earlier config with a larger `max_record_size`: larger than
-            // any lease (and than `message.max.bytes`, set from the same limit). Put back, it
-            // would come first in every read, for ever; it is given up and counted instead.
-            too_large_for_this_config(buffer, record.pos, cost);
-            continue;
-        }
-        let Some(lease) = buffer.split_lease(&mut lease, cost) else {
-            // The chunk was sized for the payload budget; a record that does not fit goes
-            // back to the backlog with the rest (read again next time).
-            let rest: Vec<_> = std::iter::once(record).chain(records).map(|record| (record.pos, None)).collect();
-            if let Some(spool) = buffer.spool() {
-                let lost = spool.evicted(rest);
-                if lost > 0 {
-                    Dropped::DropOldest.count(lost);
-                }
-            }
-            break;
-        };
-        untouched = false;
-        out.push(Record {
-            payload: record.payload,
-            key: record.key,
-            lease,
-            retries: 0,
-            pos: Some(record.pos),
-            ingest_ms: record.ingest_ms,
-            ack: None,
-        });
-    }
-    (reader, out, lease)
-}
-
-/// A spooled record larger than the current config lets any record be: finished in the
-/// spool and counted as librdkafka would refuse it (`message_size_too_large`).
-fn too_large_for_this_config(buffer: &Buffer, pos: SpoolPos, cost: usize) {
-    error!(
-        segment = pos.segment,
-        index = pos.index,
-        cost,
-        "a spooled record is larger than max_record_size now allows; given up and counted"
-    );
-    Failed::MessageSizeTooLarge.count(1);
-    if let Some(spool) = buffer.spool() {
-        // The spool writer's housekeeping deletes the segment once it is done (file I/O is
-        // not for a runtime worker).
-        let (_, parked) = spool.done(pos);
-        if let Some(ack) = parked {
-            ack.refused(Failed::MessageSizeTooLarge);
-        }
-    }
-    buffer.notify_settled();
+) -> (crate::buffer::spool::SpoolReader, Vec<Record>, crate::buffer::Lease) {
+    buffer.next_backlog(reader, lease, from, upto).await
 }

@@ -54,7 +54,7 @@ impl Buffer {
                 return Err(BufferFull(reason));
             }
         };
-        let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack };
+        let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack, maybe_stored: false };
         if self.shared.spool.is_none() {
             self.shared.ages.held(ingest_ms);
         }
@@ -148,14 +148,10 @@ impl Buffer {
         }
         let count = evicted.len();
         match &self.shared.spool {
-            Some(spool) => {
+            Some(_) => {
                 // Spooled records: memory is freed, the record stays owed on disk (unless
                 // drop_oldest deleted its segment meanwhile: then it is lost, and counted).
-                let lost =
-                    spool.evicted(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
-                if lost > 0 {
-                    Dropped::DropOldest.count(lost);
-                }
+                self.back_to_disk(evicted.into_iter().filter_map(|record| Some((record.pos?, record.ack))).collect());
                 self.shared.ready.notify_one();
             }
             None => {

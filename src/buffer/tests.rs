@@ -445,7 +445,16 @@ async fn records_that_hold_their_room_enter_the_buffer_together_in_order() {
     let mut records: Vec<Record> = (1..=3)
         .map(|len| {
             let lease = buffer.try_admit(buffer.cost(len, 0), &mut admission).expect("room");
-            Record { payload: payload(len), key: None, lease, retries: 0, pos: None, ingest_ms: 1_000, ack: None }
+            Record {
+                payload: payload(len),
+                key: None,
+                lease,
+                retries: 0,
+                pos: None,
+                ingest_ms: 1_000,
+                ack: None,
+                maybe_stored: false,
+            }
         })
         .collect();
     buffer.push_leased(&mut records);

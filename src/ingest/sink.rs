@@ -229,7 +229,16 @@ impl<'a> RecordSink<'a> {
         if self.batching && ack.is_none() {
             let cost = self.ingest.buffer.cost(payload.len(), key.as_ref().map_or(0, Bytes::len));
             if let Some(lease) = self.ingest.buffer.try_admit(cost, &mut self.admission) {
-                self.pending.push(Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack: None });
+                self.pending.push(Record {
+                    payload,
+                    key,
+                    lease,
+                    retries: 0,
+                    pos: None,
+                    ingest_ms,
+                    ack: None,
+                    maybe_stored: false,
+                });
                 return;
             }
         }

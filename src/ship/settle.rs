@@ -1,10 +1,10 @@
 //! Settling what Kafka stored, a batch at a time, on a thread of its own ("kafka-settle").
 //!
-//! Owns: what becomes of a record once its delivery report says Kafka has it — the delivered
-//! counters and latency, its share of the budget and its place in the spool given back, its
-//! writer told — for every record the reports brought since the last batch. Must not: run on a
-//! runtime worker (it may delete a spool file), tell a writer before the record's memory is back,
-//! or let a delivered record wait unsettled for longer than the thread takes to wake.
+//! Owns: when a record whose delivery report says Kafka has it is settled — the delivered
+//! counters and latency here, then the buffer's books ([`Buffer::settle_delivered`]: its share of
+//! the budget, its place in the spool, its writer) — for every record the reports brought since
+//! the last batch. Must not: run on a runtime worker (the buffer may delete a spool file), or let
+//! a delivered record wait unsettled for longer than the thread takes to wake.
 //!
 //! Why a thread, and not the polling thread itself: rdkafka's `poll` serves a report's records one
 //! by one inside a loop that returns only at its deadline, so the thread that polls never learns
@@ -34,17 +34,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use metrics::Counter;
 
-use super::report::InFlight;
-use crate::buffer::{Buffer, Lease};
+use crate::buffer::{Buffer, InFlight};
 use crate::lifecycle::{Tasks, panic_message};
 use crate::telemetry;
-
-/// A record Kafka stored, waiting to be settled.
-pub(super) struct Delivered {
-    pub(super) in_flight: InFlight,
-    /// The message's length, for the delivered bytes.
-    pub(super) payload_len: usize,
-}
 
 /// The queue between the polling thread and the settling thread, and the settling itself.
 pub(super) struct Settler {
@@ -54,7 +46,7 @@ pub(super) struct Settler {
     delivered: Counter,
     delivered_bytes: Counter,
     latency: metrics::Histogram,
-    queue: Mutex<Vec<Delivered>>,
+    queue: Mutex<Vec<InFlight>>,
     /// Signalled when the queue gains its first record, or on stop.
     ready: Condvar,
     /// Set by the first panic while settling (or serving a delivery report): later ones are
@@ -62,7 +54,7 @@ pub(super) struct Settler {
     failed: AtomicBool,
     stopping: AtomicBool,
     /// Held while a batch is settled: [`Settler::settle_now`] waits for the batch in hand.
-    settling: Mutex<Vec<Delivered>>,
+    settling: Mutex<Vec<InFlight>>,
 }
 
 impl Settler {
@@ -81,13 +73,13 @@ impl Settler {
         }
     }
 
-    fn queue(&self) -> MutexGuard<'_, Vec<Delivered>> {
+    fn queue(&self) -> MutexGuard<'_, Vec<InFlight>> {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Queues a record Kafka stored (the polling thread). The settling thread wakes when the
     /// queue gains its first record; until then it is busy with the batch before.
-    pub(super) fn delivered(&self, delivered: Delivered) {
+    pub(super) fn delivered(&self, delivered: InFlight) {
         let mut queue = self.queue();
         queue.push(delivered);
         if queue.len() == 1 {
@@ -155,22 +147,23 @@ impl Settler {
         self.ready.notify_all();
     }
 
-    /// Settles `batch` (emptied; its allocation kept for the next). The order is a record's own:
-    /// counted, its budget and spool place back, then its writer told.
-    fn settle(&self, batch: &mut Vec<Delivered>) {
+    /// Settles `batch` (emptied; its allocation kept for the next): counted delivered, its
+    /// latency recorded, then handed to the buffer, whose books it leaves
+    /// ([`Buffer::settle_delivered`]: budget, spool places, then the writers).
+    fn settle(&self, batch: &mut Vec<InFlight>) {
         if batch.is_empty() {
             return;
         }
         // Counted first: Kafka has them whatever happens next (a panic below lets the batch go,
         // it is never settled again).
-        let bytes: u64 = batch.iter().map(|record| record.payload_len as u64).sum();
+        let bytes: u64 = batch.iter().map(|record| record.payload_len() as u64).sum();
         self.delivered.increment(batch.len() as u64);
         self.delivered_bytes.increment(bytes);
         crate::lifecycle::fail_point("settle");
         let now_ms = chrono::Utc::now().timestamp_millis() as u64;
         let mut run: Option<(u64, usize)> = None;
         for record in batch.iter() {
-            let latency_ms = now_ms.saturating_sub(record.in_flight.ingest_ms());
+            let latency_ms = now_ms.saturating_sub(record.ingest_ms());
             run = match run {
                 Some((ms, count)) if ms == latency_ms => Some((ms, count + 1)),
                 Some((ms, count)) => {
@@ -183,39 +176,8 @@ impl Settler {
         if let Some((ms, count)) = run {
             self.latency.record_many(ms as f64 / 1000.0, count);
         }
-        self.buffer
-            .settled_many(batch.iter().map(|record| (record.in_flight.lease().bytes(), record.in_flight.ingest_ms())));
-        let spool = self.buffer.spool();
-        let mut deletable = false;
-        // One lease per pool the batch's came from (the shared budget, the backlog's reserve).
-        let mut room: Vec<Lease> = Vec::new();
-        let mut acks = Vec::new();
-        for Delivered { in_flight, .. } in batch.drain(..) {
-            let (lease, pos, mut ack) = in_flight.into_settled();
-            if let (Some(pos), Some(spool)) = (pos, spool) {
-                let (done, parked) = spool.done(pos);
-                deletable |= done;
-                ack = ack.or(parked);
-            }
-            match room.iter_mut().find(|pool| pool.same_pools(&lease)) {
-                Some(pool) => pool.absorb(lease),
-                None => room.push(lease),
-            }
-            acks.extend(ack);
-        }
-        if deletable && let Some(spool) = spool {
-            // A thread of its own, not a runtime worker: a file delete is fine here.
-            spool.delete_done();
-        }
-        // The memory goes back before the writers hear of it: whoever is told a record is
-        // settled sees its lease gone too.
-        drop(room);
-        // An ack still unsettled here is settled now: delivered is durable, whatever point it
-        // waited for (a `spooled` ack settled at write time is no longer with the record).
-        for ack in acks {
-            ack.durable();
-        }
-        self.buffer.notify_settled();
+        // A thread of its own, not a runtime worker: the buffer may delete a spool file here.
+        self.buffer.settle_delivered(batch);
     }
 }
 
