@@ -306,13 +306,25 @@ impl Stages {
 
 /// The final count, after the shipper is closed: records still held in memory are lost (memory
 /// buffer, or accepted but never written to the spool, or held in memory after `drop_oldest`
-/// deleted their segment) and counted as `drain_timeout`; with a disk buffer, spooled records
-/// not yet acknowledged stay in the spool for the next start.
+/// deleted their segment) and counted as `drain_timeout` — unless an earlier attempt may have
+/// stored them in Kafka (`Record::maybe_stored`): those are `unconfirmed`, like the records whose
+/// answer never came (`unconfirmed`, from the shipper's close); with a disk buffer, spooled
+/// records not yet acknowledged stay in the spool for the next start.
 pub(crate) fn account(buffer: &Buffer, abandoned: u64, unconfirmed: u64) -> DrainReport {
-    let (lost, in_spool) = match buffer.spool() {
+    let maybe_stored = buffer.queued_maybe_stored() as u64;
+    let (held, in_spool) = match buffer.spool() {
         Some(spool) => (buffer.queued_intake() as u64 + spool.orphaned(), spool.undelivered()),
         None => (buffer.held_records() as u64, 0),
     };
+    let lost = held.saturating_sub(maybe_stored);
+    if maybe_stored > 0 {
+        error!(
+            unconfirmed = maybe_stored,
+            "records kafka may hold (an attempt failed after the broker may have written them) were not confirmed before the drain deadline; counted as unconfirmed"
+        );
+        Failed::Unconfirmed.count(maybe_stored);
+    }
+    let unconfirmed = unconfirmed + maybe_stored;
     if lost > 0 {
         error!(lost, "records not acknowledged by kafka before the drain deadline are lost");
         Failed::DrainTimeout.count(lost);

@@ -536,6 +536,18 @@ impl Buffer {
         )
     }
 
+    /// Records waiting in memory, in no spool, that Kafka may hold already (an attempt failed
+    /// after the broker may have written them): at the drain's final count they are
+    /// `unconfirmed`, not lost.
+    pub fn queued_maybe_stored(&self) -> usize {
+        let queues = self.lock();
+        [&queues.intake, &queues.retry, &queues.fresh]
+            .into_iter()
+            .flat_map(|queue| queue.iter())
+            .filter(|record| record.maybe_stored && record.pos.is_none())
+            .count()
+    }
+
     /// Records waiting in memory for the spool or the producer.
     pub fn queued_records(&self) -> usize {
         let queues = self.lock();

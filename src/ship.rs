@@ -39,6 +39,7 @@ mod model;
 mod polled;
 mod report;
 mod settle;
+mod status;
 #[cfg(test)]
 mod tests;
 

@@ -252,6 +252,27 @@ async fn records_in_flight_that_kafka_never_answers_are_counted_unconfirmed_not_
     assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 15, "Kafka holds all of them");
 }
 
+/// Issue 30, item 5 (cold review): a produce request that fails after the broker may have
+/// appended it (the connection cut while the answer was on its way) puts its records back in
+/// librdkafka's queue as "possibly persisted"; the drain's purge then failed them as never sent
+/// (`ERR__PURGE_QUEUE`) and they were counted `drain_timeout` — lost — while Kafka held every one.
+/// Such a record is counted `unconfirmed`: Kafka may hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_whose_connection_is_cut_after_kafka_stored_them_are_counted_unconfirmed_not_lost() {
+    let (_broker, proxy, setup, mut agent) = five_records_stored_with_their_answers_held().await;
+    proxy.cut();
+    // librdkafka sees its connection go (and its only broker down), and takes the five back
+    // into its queue.
+    until_logged(&agent, "AllBrokersDown").await;
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}\n{}", agent.log_text());
+    let (lost, abandoned, in_spool, unconfirmed) = drain_report(&agent.log_text());
+    assert_eq!((lost, abandoned, in_spool, unconfirmed), (0, 0, 0, 5), "{}", agent.log_text());
+    proxy.restore();
+    assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 15, "Kafka holds all of them");
+}
+
 /// Issue 12, item 10: a connection that got data more often than every 250 ms never closed
 /// during the drain, and what it read after the final count was lost, counted nowhere. Now it
 /// stops reading at half the drain timeout (its writer's next write fails) and every record it
