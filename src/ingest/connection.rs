@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::forward::{self, ForwardFramer};
-use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer, Unfinished};
 use super::paced::PacedStream;
 use super::replies::{PendingChunk, Replies};
 use super::sink::RecordSink;
@@ -120,6 +120,9 @@ pub async fn serve(
     let mut draining = false;
     // The read side is shut: what is queued is read to its end, nothing more can come.
     let mut read_shut = false;
+    // The connection stops reading before the writer's end of stream (idle, a failed read, the
+    // drain deadline while it waited for read room): what it holds is counted after the loop.
+    let mut cut_short = false;
     // Records of one read offered together, and the frame after them when it is not one.
     let mut batch: Vec<BytesMut> = Vec::new();
     let mut deferred = None;
@@ -147,8 +150,10 @@ pub async fn serve(
             match next {
                 Some(next) => next,
                 None => {
-                    // Idle, or told to stop: take in what is queued, then the end of stream.
+                    // Idle, or told to stop: take in what is queued, then the end of stream — the
+                    // agent's end, not the writer's: a record it had not finished is truncated.
                     shut_read(frames.get_ref());
+                    frames.decoder_mut().cut = true;
                     read_shut = true;
                     continue;
                 }
@@ -167,6 +172,7 @@ pub async fn serve(
                     None => {
                         debug!("idle timeout; closing");
                         listener.metrics.idle_closed();
+                        cut_short = true;
                         break;
                     }
                 },
@@ -179,7 +185,10 @@ pub async fn serve(
                 // A long record is arriving: it may grow past what a connection holds freely.
                 let allowed = tokio::select! {
                     biased;
-                    _ = ingest.abandon.cancelled() => break,
+                    _ = ingest.abandon.cancelled() => {
+                        cut_short = true;
+                        break;
+                    }
                     allowed = room.grow(held) => allowed,
                 };
                 frames.decoder_mut().allowed = allowed;
@@ -187,6 +196,7 @@ pub async fn serve(
             }
             Some(Err(error)) => {
                 debug!(%error, "read failed; closing connection");
+                cut_short = true;
                 break;
             }
             None => break,
@@ -264,6 +274,11 @@ pub async fn serve(
                 sink.reject(reason, ack);
                 break;
             }
+            Frame::Truncated { len } => {
+                debug!(len, "the agent stopped reading before the writer finished this record");
+                let ack = replies.line_ack(&ingest).await;
+                sink.reject(Rejected::Truncated, ack);
+            }
         }
         if room.held() && frames.read_buffer().len() <= SMALL_READ {
             // The long record is through: its room goes back, and so does the memory.
@@ -277,13 +292,43 @@ pub async fn serve(
             }
         }
     }
+    if cut_short {
+        let (buffer, framer) = {
+            let parts = frames.into_parts();
+            (parts.read_buf, parts.codec)
+        };
+        count_unread(framer, buffer, &mut sink, &replies, &ingest).await;
+    } else {
+        drop(frames);
+    }
     sink.flush_counters();
-    drop(frames);
     replies.finish().await;
     // The slot is free before the gauge says so: a writer that sees room finds it.
     drop(slot);
     listener.metrics.open.decrement(1.0);
     debug!("connection closed");
+}
+
+/// Counts what a connection that stops reading before its writer's end of stream still holds
+/// ([`Accounted::unread`]): a complete record it never offered (it waited for read room when
+/// the drain deadline came) is given up like every record waiting then (`drain_timeout`), an
+/// overlong one is `too_large`, the one its writer had not finished is `truncated` — refused to
+/// an acknowledged writer, which sends it again whole. Nothing it read goes uncounted.
+async fn count_unread(
+    mut framer: Accounted<StreamFramer>,
+    mut buffer: BytesMut,
+    sink: &mut RecordSink<'_>,
+    replies: &Replies,
+    ingest: &IngestContext,
+) {
+    for frame in framer.unread(&mut buffer) {
+        match frame {
+            Frame::Record(_) => sink.give_up(),
+            Frame::TooLarge { .. } => sink.reject(Rejected::TooLarge, replies.line_ack(ingest).await),
+            Frame::Truncated { .. } => sink.reject(Rejected::Truncated, replies.line_ack(ingest).await),
+            Frame::Broken(reason) => sink.reject(reason, replies.line_ack(ingest).await),
+        }
+    }
 }
 
 /// The next record's number on an acknowledged connection, once the connection (and the agent)
@@ -475,6 +520,17 @@ impl Decoder for StreamFramer {
     }
 }
 
+impl Unfinished for StreamFramer {
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        match self {
+            StreamFramer::Lines(framer) => framer.unfinished(buf),
+            StreamFramer::Octets(framer) => framer.unfinished(buf),
+            StreamFramer::Syslog(framer) => framer.unfinished(buf),
+            StreamFramer::Forward(framer) => framer.unfinished(buf),
+        }
+    }
+}
+
 /// What the connection's reader gets: a frame, or word that the unread bytes have reached what
 /// it may hold (`held` bytes) and it must get room before reading on.
 pub enum Gated {
@@ -493,11 +549,14 @@ struct Accounted<D> {
     held: usize,
     /// Unread bytes the connection may hold: [`SMALL_READ`], plus room from the shared pool.
     allowed: usize,
+    /// The agent shut the socket's read side: the end of the stream is its own, and a record the
+    /// writer had not finished is [`Frame::Truncated`], not a record ([`Unfinished`]).
+    cut: bool,
 }
 
 impl<D> Accounted<D> {
     fn new(inner: D, listener: Arc<ListenerContext>) -> Self {
-        Self { inner, listener, held: 0, allowed: SMALL_READ }
+        Self { inner, listener, held: 0, allowed: SMALL_READ, cut: false }
     }
 
     fn report(&mut self, now: usize) {
@@ -508,7 +567,23 @@ impl<D> Accounted<D> {
     }
 }
 
-impl<D: Decoder<Item = Frame, Error = std::io::Error>> Decoder for Accounted<D> {
+impl<D: Decoder<Item = Frame, Error = std::io::Error> + Unfinished> Accounted<D> {
+    /// What is still held when the connection stops reading before the writer's end of stream
+    /// (the drain deadline while it waited for read room, the idle timeout, a failed read):
+    /// complete records not yet framed (only while it waited for read room), then the unfinished
+    /// one. `buf` is emptied.
+    fn unread(&mut self, buf: &mut BytesMut) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        while let Ok(Some(frame)) = self.inner.decode(buf) {
+            frames.push(frame);
+        }
+        frames.extend(self.inner.unfinished(buf));
+        self.report(0);
+        frames
+    }
+}
+
+impl<D: Decoder<Item = Frame, Error = std::io::Error> + Unfinished> Decoder for Accounted<D> {
     type Item = Gated;
     type Error = std::io::Error;
 
@@ -529,8 +604,13 @@ impl<D: Decoder<Item = Frame, Error = std::io::Error>> Decoder for Accounted<D> 
     }
 
     fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Gated>, Self::Error> {
-        // Nothing more arrives: what is held is all there is.
-        let frame = self.inner.decode_eof(buf);
+        // Nothing more arrives: what is held is all there is. At the agent's own end of the
+        // stream, what the writer had not finished is truncated, not a record.
+        let frame = match self.inner.decode(buf) {
+            Ok(None) if self.cut => Ok(self.inner.unfinished(buf)),
+            Ok(None) => self.inner.decode_eof(buf),
+            other => other,
+        };
         self.report(buf.len());
         frame.map(|frame| frame.map(Gated::Frame))
     }

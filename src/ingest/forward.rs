@@ -216,3 +216,20 @@ impl Decoder for ForwardFramer {
         Ok(Some(self.broken(buf, Rejected::Malformed)))
     }
 }
+
+impl super::framing::Unfinished for ForwardFramer {
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        if self.broken {
+            buf.clear();
+            return None;
+        }
+        let (discarded, held, open) = (self.discarded, buf.len(), !self.open.is_empty());
+        // Nothing more is framed after the agent's end of the stream.
+        let _ = self.broken(buf, Rejected::Malformed);
+        match discarded {
+            Some(dropped) => Some(Frame::TooLarge { len: dropped + held as u64 }),
+            None if held > 0 || open => Some(Frame::Truncated { len: held as u64 }),
+            None => None,
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! Owns: newline framing (`lines`; a trailing `\r` is removed too), RFC 6587 octet counting
 //! (`octet_counted`: `LEN SP MSG`, so records may hold newlines), the syslog stream framer that
 //! tells the two apart per frame, and enforcing `max_record_size` while reading, so a writer
-//! that never ends a record holds at most one record's worth of memory. Must not: allocate
+//! that never ends a record holds at most one record's worth of memory; and what a framer still
+//! holds when the agent stops reading ([`Unfinished`]: the agent's end of a stream is not the
+//! writer's end of a record, so it is `truncated`, never a record). Must not: allocate
 //! beyond the limit (a declared length is never trusted for allocation), stop the stream on an
 //! overlong record (it is discarded up to its end and reported), or judge content (UTF-8 and
 //! JSON are [`super::record`]'s business).
@@ -32,6 +34,29 @@ pub enum Frame {
     /// The stream cannot be framed any further (a length that is not a number, a truncated
     /// frame, an impossible msgpack marker): count `reason` and close the connection.
     Broken(crate::telemetry::outcome::Rejected),
+    /// A record the writer had not finished when the agent stopped reading (see
+    /// [`Unfinished`]); `len` bytes of it had arrived.
+    Truncated {
+        /// Bytes of it read.
+        len: u64,
+    },
+}
+
+/// What a framer holds when the agent stops reading a connection: the drain shut its read
+/// side, it idled out, its read failed. That end of the stream is the agent's, not the writer's
+/// end of a record: a last line without its newline, a frame without its end, is
+/// [`Frame::Truncated`] (counted `truncated`, never stored as if it were whole); an overlong
+/// record being skipped is still [`Frame::TooLarge`].
+pub trait Unfinished {
+    /// After the framer has cut every complete record out of `buf`: what it still holds, if
+    /// anything, as one frame; `buf` is emptied and the framer left with nothing more to frame.
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame>;
+}
+
+/// What `held` bytes of an unfinished record are.
+fn truncated(buf: &mut BytesMut, held: usize) -> Option<Frame> {
+    buf.clear();
+    (held > 0).then_some(Frame::Truncated { len: held as u64 })
 }
 
 /// Decoder for newline-delimited records of at most `max_len` bytes.
@@ -116,6 +141,19 @@ impl Decoder for LineFramer {
             return Ok(Some(Frame::TooLarge { len: line.len() as u64 }));
         }
         Ok(Some(Frame::Record(line)))
+    }
+}
+
+impl Unfinished for LineFramer {
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        self.scanned = 0;
+        if let Some(dropped) = self.discarding.take() {
+            let len = dropped + buf.len() as u64;
+            buf.clear();
+            return Some(Frame::TooLarge { len });
+        }
+        let held = buf.len();
+        truncated(buf, held)
     }
 }
 
@@ -223,6 +261,28 @@ impl Decoder for OctetFramer {
     }
 }
 
+impl Unfinished for OctetFramer {
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        let state = std::mem::replace(&mut self.state, OctetState::Broken);
+        match state {
+            OctetState::Discard { len, .. } => {
+                buf.clear();
+                Some(Frame::TooLarge { len })
+            }
+            OctetState::Broken => {
+                buf.clear();
+                None
+            }
+            OctetState::Header | OctetState::Body(_) => {
+                // Blank lines between frames are no record.
+                let held = buf.iter().filter(|&&b| b != b'\n' && b != b'\r').count();
+                let held = if held == 0 { 0 } else { buf.len() };
+                truncated(buf, held)
+            }
+        }
+    }
+}
+
 /// Syslog over a stream: each frame is octet-counted if it starts with a digit and
 /// newline-terminated otherwise (a syslog message starts with `<`), as rsyslog tells them
 /// apart. Blank lines between frames are skipped: they hold no message.
@@ -277,6 +337,25 @@ impl SyslogFramer {
         }
         self.broken = matches!(frame, Some(Frame::Broken(_)));
         Ok(frame)
+    }
+}
+
+impl Unfinished for SyslogFramer {
+    fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        if self.broken {
+            buf.clear();
+            return None;
+        }
+        self.broken = true;
+        match self.current.take() {
+            Some(SyslogFraming::Lines) => self.lines.unfinished(buf),
+            Some(SyslogFraming::Octets) => self.octets.unfinished(buf),
+            None => {
+                let held = buf.iter().filter(|&&b| b != b'\n' && b != b'\r').count();
+                let held = if held == 0 { 0 } else { buf.len() };
+                truncated(buf, held)
+            }
+        }
     }
 }
 

@@ -31,11 +31,15 @@ pub enum Rejected {
     Malformed,
     /// Over its rate limit with `action = "drop"`.
     RateLimited,
+    /// Cut short: the agent stopped reading before the record's end arrived (the drain shut the
+    /// socket's read side, the connection idled out or failed with a record half written). What
+    /// the writer had not ended is not stored as if it had.
+    Truncated,
 }
 
 impl Rejected {
     /// Every reason, for creating the series at zero.
-    pub const ALL: [Rejected; 7] = [
+    pub const ALL: [Rejected; 8] = [
         Rejected::TooLarge,
         Rejected::InvalidUtf8,
         Rejected::Empty,
@@ -43,6 +47,7 @@ impl Rejected {
         Rejected::TooDeep,
         Rejected::Malformed,
         Rejected::RateLimited,
+        Rejected::Truncated,
     ];
 
     /// The `reason` label value.
@@ -55,6 +60,7 @@ impl Rejected {
             Rejected::TooDeep => "too_deep",
             Rejected::Malformed => "malformed",
             Rejected::RateLimited => "rate_limited",
+            Rejected::Truncated => "truncated",
         }
     }
 }

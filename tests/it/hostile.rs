@@ -224,6 +224,20 @@ async fn an_idle_connection_is_closed_after_idle_timeout() {
     until_rows(&pipeline.db, 1).await;
 }
 
+/// Issue 30, item 6 (cold review): a connection that idled out with half a record held dropped
+/// it uncounted. It is counted `truncated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_record_held_when_a_connection_idles_out_is_counted_truncated() {
+    let pipeline = Scenario::new("idlecut").listener("default", "idle_timeout", "1s").pipeline().await;
+    let config = &pipeline.config;
+    let mut idle = connect(&config.socket()).await;
+    idle.write_all(b"one record\nhalf of the next, then silence").await.expect("write");
+    closed_by_agent(&mut idle).await;
+    let truncated = [("listener", "default"), ("reason", "truncated")];
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &truncated, 1.0).await;
+    until_rows(&pipeline.db, 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_writers_hold_only_their_read_buffer_and_others_flow() {
     let pipeline = Scenario::new("slowloris").listener("default", "max_record_size", "1 KiB").pipeline().await;

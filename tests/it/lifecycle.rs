@@ -315,6 +315,92 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
     );
 }
 
+/// What a stopped process counted, from its `final counts` log line (summed over the labels not
+/// given, like [`Metrics::count`]).
+fn final_count(log: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let line = log.lines().rev().find(|line| line.contains("\"final counts\"")).expect("a final counts line");
+    let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
+    let counters = value["fields"]["counters"].as_str().expect("counters");
+    sluice::telemetry::scrape::Scrape::parse(counters).sum(name, labels)
+}
+
+/// Issue 30, item 6 (cold review): at the drain the agent shuts a connection's read side, and the
+/// framer took the end of stream that follows for the writer's: a last line without its newline
+/// was stored as a whole record — cut short, and JSON turned into text (`journalctl -f | sluice
+/// send` forwards 8 KiB chunks, so this happened routinely). The end is the agent's: the tail is
+/// counted `truncated` and every row is a whole line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_the_drain_cuts_short_is_counted_truncated_and_every_row_is_a_whole_line() {
+    use tokio::io::AsyncWriteExt;
+    let pipeline = Scenario::new("cut").set("agent", "drain_timeout", "2s").pipeline().await;
+    let Pipeline { mut agent, config, db, .. } = pipeline;
+    let mut stream = tokio::net::UnixStream::connect(config.socket()).await.expect("connect");
+    // Every write ends a line and starts the next: the stream always holds half a line.
+    let writer = tokio::spawn(async move {
+        let mut written = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            tick.tick().await;
+            let head = if written == 0 { String::from("busy li") } else { String::new() };
+            let chunk = format!("{head}ne {written}\nbusy li");
+            if stream.write_all(chunk.as_bytes()).await.is_err() {
+                return written; // the agent stopped reading
+            }
+            written += 1;
+            if written >= 2000 {
+                return written;
+            }
+        }
+    });
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_RECORDS, &[], 20.0).await;
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}\n{}", agent.log_text());
+    let written =
+        within(Duration::from_secs(10), "the writer sees the agent stop reading", writer).await.expect("writer");
+    assert!(written < 2000, "the writer was stopped by the agent, not by its own limit");
+    let log = agent.log_text();
+    let truncated = final_count(&log, telemetry::INGEST_REJECTED, &[("reason", "truncated")]);
+    assert_eq!(truncated, 1.0, "the half line the writer never finished:\n{log}");
+    let rows = rows_once_caught_up(&config, &db).await;
+    let lines: Vec<String> =
+        db.query("SELECT message FROM logs", &[]).await.expect("rows").iter().map(|row| row.get(0)).collect();
+    let partial: Vec<&String> =
+        lines.iter().filter(|line| line.strip_prefix("busy line ").is_none_or(|n| n.parse::<u64>().is_err())).collect();
+    assert!(partial.is_empty(), "rows that are not whole lines: {partial:?}");
+    let (lost, abandoned, _, unconfirmed) = drain_report(&log);
+    let certain = rows + lost + abandoned;
+    assert!(
+        certain <= written && written <= certain + unconfirmed,
+        "written {written} whole lines = rows {rows} + lost {lost} + abandoned {abandoned} (+ up to {unconfirmed} unconfirmed)"
+    );
+}
+
+/// Issue 30, item 6: an acknowledged writer whose last record the drain cut short heard `ACK` for
+/// it — a record it never finished, stored as if whole. It hears `NAK n truncated`, and sends it
+/// again whole to the next agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_writer_hears_nak_truncated_for_the_record_the_drain_cut_short() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Scenario::new("nakcut").set("agent", "drain_timeout", "2s").build().await;
+    let mut agent = setup.agent().await;
+    let (mut lines, mut write) = open_acknowledged(&setup.config.socket()).await.expect("acknowledged mode");
+    write.write_all(b"whole\nhalf of a rec").await.expect("write");
+    let mut reader = AckReader::default();
+    reader.sent(2);
+    until_metric(setup.config.agent_admin(), telemetry::INGEST_RECORDS, &[], 1.0).await;
+    agent.signal("TERM");
+    let read = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            reader.line(&line).expect("a protocol line");
+        }
+    };
+    within(Duration::from_secs(20), "the agent closes the connection", read).await;
+    assert_eq!(reader.settled(), &[Some(Settled::Acked), Some(Settled::Naked("truncated".into()))]);
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}");
+}
+
 /// Found by the cold review (issue 12): a datagram listener drained its socket's queue until it
 /// was empty, and a writer that keeps sending (a datagram sender blocks while the queue is full,
 /// so it is never empty while the listener waits, here for its rate limit) held the drain, and

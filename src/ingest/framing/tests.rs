@@ -168,3 +168,44 @@ fn syslog_stream_framing_stays_broken_after_a_bad_octet_count() {
     let out = frames(&mut SyslogFramer::new(100), &[b"9>nop", b"e\n<13>just text\n", b"<14>more\n"]);
     assert_eq!(out, vec![Frame::Broken(Rejected::Malformed)]);
 }
+
+/// Every frame `framer` cuts from `input`, then what it still holds when the agent stops reading
+/// ([`Unfinished`]).
+fn frames_cut(
+    framer: &mut (impl Decoder<Item = Frame, Error = std::io::Error> + Unfinished),
+    input: &[u8],
+) -> Vec<Frame> {
+    let mut buf = BytesMut::from(input);
+    let mut out = Vec::new();
+    while let Some(frame) = framer.decode(&mut buf).expect("decode never fails") {
+        out.push(frame);
+    }
+    out.extend(framer.unfinished(&mut buf));
+    assert!(buf.is_empty(), "nothing is held after");
+    out
+}
+
+/// Issue 30, item 6: at an end of stream the agent caused, a last line without its newline is
+/// not a record (at the writer's end of stream it still is: see above).
+#[test]
+fn what_the_writer_had_not_finished_when_the_agent_stops_reading_is_truncated() {
+    assert_eq!(
+        frames_cut(&mut LineFramer::new(100), b"one\nhalf a li"),
+        vec![line("one"), Frame::Truncated { len: 9 }]
+    );
+    assert_eq!(frames_cut(&mut LineFramer::new(100), b"one\n"), vec![line("one")], "nothing held, nothing counted");
+    assert_eq!(
+        frames_cut(&mut LineFramer::new(4), b"far too long"),
+        vec![Frame::TooLarge { len: 12 }],
+        "a record being skipped as too large stays too large"
+    );
+    assert_eq!(
+        frames_cut(&mut OctetFramer::new(100), b"3 one5 tw"),
+        vec![Frame::Record(BytesMut::from(&b"one"[..])), Frame::Truncated { len: 2 }]
+    );
+    assert_eq!(frames_cut(&mut OctetFramer::new(100), b"3 one\n"), vec![Frame::Record(BytesMut::from(&b"one"[..]))]);
+    assert_eq!(
+        frames_cut(&mut SyslogFramer::new(100), b"<13>whole\n<13>ha"),
+        vec![line("<13>whole"), Frame::Truncated { len: 6 }]
+    );
+}
