@@ -355,7 +355,13 @@ struct Live {
 }
 
 impl Live {
-    fn apply(&self, old: &Config, new: &Config) {
+    /// Applies what changed, or refuses the whole config first: one librdkafka would not make a
+    /// producer of (it was reported applied, and every producer made with it failed).
+    fn apply(&self, old: &Config, new: &Config) -> Result<(), String> {
+        let reconfigure = producer_settings(old) != producer_settings(new);
+        if reconfigure {
+            crate::ship::check_producer(new).map_err(|refused| refused.to_string())?;
+        }
         if old.log.level != new.log.level
             && let Some(log) = &self.reloading.log
             && let Err(error) = log.set_level(&new.log.level)
@@ -369,9 +375,10 @@ impl Live {
         if old.ship.envelope != new.ship.envelope {
             self.context.envelopes.set_kind(new.ship.envelope);
         }
-        if producer_settings(old) != producer_settings(new) {
+        if reconfigure {
             self.shipper.reconfigure(new);
         }
+        Ok(())
     }
 }
 

@@ -76,6 +76,94 @@ pub const RECORD_OVERHEAD: usize = 320;
 /// (docs/PERFORMANCE.md). Config validation keeps the leases able to hold the largest message.
 pub const LIBRDKAFKA_SHARE: usize = 5;
 
+/// How a buffer splits its budget, computed from its config alone: what [`Buffer::build`] makes,
+/// and what the producer's settings are derived from ([`ProducerShare`]) when no buffer is built
+/// (a config checked before it runs).
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    /// Bytes of leases (the budget less librdkafka's share).
+    leases: usize,
+    /// `buffer.max_records`.
+    records: usize,
+    /// Bytes and records readers may lease (less the backlog's reserve).
+    max_bytes: usize,
+    max_records: usize,
+    /// The backlog's reserve (disk type).
+    backlog_bytes: usize,
+    backlog_records: usize,
+    /// What one backlog read takes from the shared budget (bytes, records).
+    chunk: (usize, usize),
+    /// Bytes kept for librdkafka's queue.
+    librdkafka_bytes: usize,
+}
+
+impl Sizes {
+    fn plan(config: &BufferConfig, largest_message: usize, disk: bool) -> Self {
+        let budget = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
+        // librdkafka's share (see `LIBRDKAFKA_SHARE`); leases cover the rest. Validation keeps
+        // the rest at least the largest message; `max(1)` only guards a budget nobody allows.
+        let librdkafka_bytes = (budget / LIBRDKAFKA_SHARE).max(largest_message).min(budget.saturating_sub(1));
+        let leases = (budget - librdkafka_bytes).max(1);
+        let records = config.max_records as usize;
+        // A backlog read takes a chunk of the budget (a sixteenth of the leases within bounds,
+        // never less than the largest record costs).
+        let largest_cost = if largest_message > 0 { largest_message + RECORD_OVERHEAD } else { 0 };
+        let chunk = (
+            (leases / 16).clamp(16 * 1024, BACKLOG_CHUNK).max(largest_cost).min(leases),
+            (records / 16).clamp(1, BACKLOG_RECORDS),
+        );
+        // Disk type: a reserve of the budget readers never get (see `Shared::backlog_bytes`):
+        // enough for the largest record, so the backlog always moves.
+        // (Not known without the listeners' limits — buffers built for tests — then none.)
+        let (backlog_bytes, backlog_records) = if disk && largest_cost > 0 {
+            ((leases / 16).max(largest_cost).min(leases / 2), (records / 16).clamp(1, BACKLOG_RECORDS).min(records / 2))
+        } else {
+            (0, 0)
+        };
+        Self {
+            leases,
+            records,
+            max_bytes: leases - backlog_bytes,
+            max_records: records - backlog_records,
+            backlog_bytes,
+            backlog_records,
+            chunk,
+            librdkafka_bytes,
+        }
+    }
+}
+
+/// What the producer's settings are derived from (librdkafka's queue limits and
+/// `message.max.bytes`): a buffer's, or those a config would give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerShare {
+    /// Bytes of the budget kept for librdkafka's queue.
+    pub librdkafka_bytes: usize,
+    /// Records readers may lease.
+    pub max_records: usize,
+    /// The largest message (envelope and key) a listener can produce; 0 when not known.
+    pub largest_message: usize,
+}
+
+impl ProducerShare {
+    /// What the agent's buffer would be for `config`, without building it.
+    pub fn for_config(config: &crate::config::Config) -> Self {
+        let largest_message = usize::try_from(config.largest_message()).unwrap_or(usize::MAX);
+        let sizes = Sizes::plan(&config.buffer, largest_message, config.buffer.kind == crate::config::BufferKind::Disk);
+        Self { librdkafka_bytes: sizes.librdkafka_bytes, max_records: sizes.max_records, largest_message }
+    }
+}
+
+impl From<&Buffer> for ProducerShare {
+    fn from(buffer: &Buffer) -> Self {
+        Self {
+            librdkafka_bytes: buffer.librdkafka_bytes(),
+            max_records: buffer.max_records(),
+            largest_message: buffer.largest_message(),
+        }
+    }
+}
+
 /// A record between socket and Kafka acknowledgement.
 #[derive(Debug)]
 pub struct Record {
@@ -283,31 +371,8 @@ impl Buffer {
     }
 
     fn build(config: &BufferConfig, largest_message: usize, spool: Option<Arc<Spool>>) -> Self {
-        let budget = usize::try_from(config.max_bytes.as_u64()).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
-        // librdkafka's share (see `LIBRDKAFKA_SHARE`); leases cover the rest. Validation keeps
-        // the rest at least the largest message; `max(1)` only guards a budget nobody allows.
-        let librdkafka_bytes = (budget / LIBRDKAFKA_SHARE).max(largest_message).min(budget.saturating_sub(1));
-        let leases = (budget - librdkafka_bytes).max(1);
-        let records = config.max_records as usize;
-        // A backlog read takes a chunk of the budget (a sixteenth of the leases within bounds,
-        // never less than the largest record costs).
-        let largest_cost = if largest_message > 0 { largest_message + RECORD_OVERHEAD } else { 0 };
-        let chunk = (
-            (leases / 16).clamp(16 * 1024, BACKLOG_CHUNK).max(largest_cost).min(leases),
-            (records / 16).clamp(1, BACKLOG_RECORDS),
-        );
-        // Disk type: a reserve of the budget readers never get (see `Shared::backlog_bytes`):
-        // enough for the largest record, so the backlog always moves.
-        // (Not known without the listeners' limits — buffers built for tests — then none.)
-        let (backlog_bytes, backlog_records) = match spool {
-            Some(_) if largest_cost > 0 => (
-                (leases / 16).max(largest_cost).min(leases / 2),
-                (records / 16).clamp(1, BACKLOG_RECORDS).min(records / 2),
-            ),
-            _ => (0, 0),
-        };
-        let max_bytes = leases - backlog_bytes;
-        let max_records = records - backlog_records;
+        let Sizes { leases, records, max_bytes, max_records, backlog_bytes, backlog_records, chunk, librdkafka_bytes } =
+            Sizes::plan(config, largest_message, spool.is_some());
         metrics::gauge!(telemetry::BUFFER_CAPACITY_BYTES).set(leases as f64);
         metrics::gauge!(telemetry::BUFFER_CAPACITY_RECORDS).set(records as f64);
         for reason in Dropped::ALL {

@@ -365,6 +365,7 @@ async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<C
         {
             warn!(%error, "log level not changed");
         }
+        Ok(())
     })
     .await;
 }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::buffer::spool::{SpoolPos, SpoolReader};
-use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, Record, Work};
+use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, ProducerShare, Record, Work};
 use crate::config::Config;
 use crate::lifecycle::Tasks;
 use crate::telemetry;
@@ -102,8 +102,10 @@ pub fn reason(error: &KafkaError) -> String {
     }
 }
 
-/// The librdkafka settings for the agent's producer.
-pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
+/// The librdkafka settings for the agent's producer, with its queue sized from the buffer's
+/// share of the budget (a [`Buffer`], or what a config would make: [`ProducerShare::for_config`]).
+pub fn producer_config(config: &Config, share: impl Into<ProducerShare>) -> ClientConfig {
+    let share = share.into();
     let mut client = ClientConfig::new();
     for (key, value) in config.kafka.client_properties().iter().chain(config.ship.properties.iter()) {
         client.set(key, value);
@@ -115,8 +117,8 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     // docs/PERFORMANCE.md). librdkafka refuses a message above `message.max.bytes` (default
     // 1,000,000) at once: it is set from the same largest message plus room for the framing. The
     // broker's (topic's) `max.message.bytes` still bounds the compressed batch.
-    let kbytes = buffer.librdkafka_bytes().div_ceil(1024) + 1;
-    let queue_messages = buffer.max_records() / LIBRDKAFKA_SHARE + 1;
+    let kbytes = share.librdkafka_bytes.div_ceil(1024) + 1;
+    let queue_messages = share.max_records / LIBRDKAFKA_SHARE + 1;
     // Half a queue is a full batch, sent without waiting for `linger.ms` (the other half fills
     // meanwhile): a small budget's queue holds fewer than librdkafka's 10,000 messages or
     // `ship.batch_size`, and would otherwise ship at most one queue per linger. Per partition,
@@ -126,10 +128,13 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
     if client.get("batch.num.messages").is_none() {
         client.set("batch.num.messages", batch_messages.to_string());
     }
-    let message_max = (buffer.largest_message() + MESSAGE_FRAMING).clamp(1_000_000, 1_000_000_000);
+    let message_max = (share.largest_message + MESSAGE_FRAMING).clamp(1_000_000, 1_000_000_000);
+    // A client id set in the properties is kept (Kafka's quotas are per client id).
+    if client.get("client.id").is_none() {
+        client.set("client.id", "sluice-agent");
+    }
     client
         .set("bootstrap.servers", &config.kafka.brokers)
-        .set("client.id", "sluice-agent")
         .set("statistics.interval.ms", telemetry::librdkafka::STATISTICS_INTERVAL_MS)
         .set("acks", "all")
         .set("enable.idempotence", "true")
@@ -145,6 +150,45 @@ pub fn producer_config(config: &Config, buffer: &Buffer) -> ClientConfig {
         .set("message.max.bytes", message_max.to_string())
         .set("queue.buffering.max.messages", queue_messages.to_string());
     client
+}
+
+/// librdkafka would not make the agent's producer from a config: what it says, naming the
+/// properties.
+#[derive(Debug, thiserror::Error)]
+#[error("librdkafka refuses the producer these settings make: {0}")]
+pub struct ProducerRefused(String);
+
+/// A producer's callbacks that hear nothing: the one [`check_producer`] makes is never used.
+struct Unheard;
+
+impl rdkafka::ClientContext for Unheard {
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, _: &str, _: &str) {}
+    fn error(&self, _: KafkaError, _: &str) {}
+}
+
+impl rdkafka::producer::ProducerContext for Unheard {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// Makes the producer `config` would make, with nothing opened (no broker is named, so no
+/// connection is tried), and lets it go at once. librdkafka checks each property as it is set
+/// (config validation does that one by one) and how they go together only when a client is made
+/// (`max.in.flight` above 5 or `retries = 0` with idempotence, ...): a config the agent cannot
+/// run is refused before it runs — at start, naming the maps (exit 64), and at a reload, whole
+/// (it was reported applied, and every producer made with it failed). A few milliseconds.
+pub fn check_producer(config: &Config) -> Result<(), ProducerRefused> {
+    let mut client = producer_config(config, ProducerShare::for_config(config));
+    client.remove("bootstrap.servers");
+    client.set_log_level(rdkafka::config::RDKafkaLogLevel::Emerg);
+    match client.create_with_context::<_, rdkafka::producer::BaseProducer<Unheard>>(Unheard) {
+        Ok(producer) => {
+            drop(producer);
+            Ok(())
+        }
+        Err(KafkaError::ClientCreation(why)) => Err(ProducerRefused(why)),
+        Err(other) => Err(ProducerRefused(other.to_string())),
+    }
 }
 
 type Producer_ = polled::Polled;

@@ -23,9 +23,25 @@ const EXIT_FORCED: u8 = 130;
 /// they can and never holds the exit.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `Config::load`, and for a config an agent runs, the producer it makes
+/// (`sluice::ship::check_producer`: librdkafka's checks across properties).
+fn load(file: &std::path::Path, role: Option<Role>) -> Result<Config, sluice::config::ConfigError> {
+    let config = Config::load(file)?;
+    if role != Some(Role::Persist)
+        && let Err(refused) = sluice::ship::check_producer(&config)
+    {
+        return Err(sluice::config::ConfigError::Invalid {
+            file: file.display().to_string(),
+            key: "kafka.properties, ship.properties".into(),
+            message: refused.to_string(),
+        });
+    }
+    Ok(config)
+}
+
 /// Validates a config file and prints the effective config, secrets redacted.
 pub fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
+    match load(file, None) {
         Ok(config) => {
             // A TOML comment, so the output stays a config file.
             println!("# postgres TLS: {}", config.postgres.describe_tls());
@@ -41,7 +57,7 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
 
 /// Runs `role` with the config in `file` until it has shut down.
 pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
-    let config = match Config::load(file) {
+    let config = match load(file, Some(role)) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("sluice: config error: {error}");

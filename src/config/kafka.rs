@@ -1,8 +1,9 @@
 //! `[kafka]`: the connection the agent's producer and the persister's consumer share, and the
 //! librdkafka properties sluice manages itself (no pass-through map may set them).
 //!
-//! Owns: the section's schema and checks, [`MANAGED_KAFKA_PROPERTIES`]. Must not: build a client
-//! (ship and persist do).
+//! Owns: the section's schema and checks, [`MANAGED_KAFKA_PROPERTIES`] and
+//! [`REFUSED_KAFKA_PROPERTIES`] (docs/LIBRDKAFKA.md: every librdkafka property and what sluice
+//! does with it). Must not: build a client (ship and persist do).
 
 use std::collections::BTreeMap;
 
@@ -77,6 +78,43 @@ pub(super) const MANAGED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     // key to turn that off, so neither may a pass-through map.
     ("enable.ssl.certificate.verification", "(always verified)"),
     ("ssl.endpoint.identification.algorithm", "(always verified)"),
+    // Set by sluice after the pass-through maps: a value there was silently replaced.
+    ("statistics.interval.ms", "(always 5 s: the sluice_kafka_* metrics come from it)"),
+];
+
+/// Managed for the agent's producer only (`kafka.properties`, `ship.properties`): the
+/// persister's consumer may set them in `persist.properties`.
+const MANAGED_PRODUCER_PROPERTIES: &[(&str, &str)] = &[(
+    "message.max.bytes",
+    "ingest.listeners.<name>.max_record_size (the producer's is sized for the largest message)",
+)];
+
+/// librdkafka properties no pass-through map may set, each with why: with them the agent would
+/// stall or lie (docs/LIBRDKAFKA.md lists every property and what sluice does with it). Two
+/// failure shapes: nothing is ever reported delivered (every record's memory stays held, and
+/// what Kafka stored is counted lost at the exit), or every produce fails and is retried for
+/// ever.
+pub(super) const REFUSED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    (
+        "delivery.report.only.error",
+        "would stop librdkafka reporting delivered records: none would ever give its memory back (the buffer fills after ~200k records) and, at the exit, every record Kafka stored would be counted lost",
+    ),
+    (
+        "transactional.id",
+        "makes the producer transactional, and sluice produces without transactions: every send would fail (ERR__STATE) and be retried for ever",
+    ),
+    (
+        "api.version.request",
+        "false would keep librdkafka from learning the brokers' versions, which the idempotent producer needs: it would fail at birth, and every replacement with it",
+    ),
+    (
+        "topic.blacklist",
+        "hides topics from this client; one matching kafka.topic would make every send fail for ever as an unknown topic",
+    ),
+    (
+        "log.queue",
+        "would route librdkafka's log lines to a queue sluice does not serve: they would be lost, or warned about one by one",
+    ),
 ];
 
 impl KafkaConfig {
@@ -99,17 +137,38 @@ impl KafkaConfig {
                 ));
             }
         }
-        reject_managed(at, "properties", &self.properties)?;
+        reject_managed(at, "properties", &self.properties, Clients::Both)?;
         reject_refused(at, "properties", &self.properties)?;
-        reject_managed(at, "properties_from_env", &self.properties_from_env)
+        reject_managed(at, "properties_from_env", &self.properties_from_env, Clients::Both)
     }
 }
 
-/// A pass-through map (`<section>.<key>`) must not set a property sluice manages.
-pub(super) fn reject_managed(at: &At<'_>, key: &str, properties: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+/// Which client a pass-through map configures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Clients {
+    /// The agent's producer and the persister's consumer (`kafka.properties`).
+    Both,
+    /// The agent's producer (`ship.properties`).
+    Producer,
+    /// The persister's consumer (`persist.properties`).
+    Consumer,
+}
+
+/// A pass-through map (`<section>.<key>`) must not set a property sluice manages for the
+/// `clients` it configures, nor one it refuses.
+pub(super) fn reject_managed(
+    at: &At<'_>,
+    key: &str,
+    properties: &BTreeMap<String, String>,
+    clients: Clients,
+) -> Result<(), ConfigError> {
+    let producer = if clients == Clients::Consumer { &[][..] } else { MANAGED_PRODUCER_PROPERTIES };
     for property in properties.keys() {
-        if let Some((_, instead)) = MANAGED_KAFKA_PROPERTIES.iter().find(|(name, _)| name == property) {
+        if let Some((_, instead)) = MANAGED_KAFKA_PROPERTIES.iter().chain(producer).find(|(name, _)| name == property) {
             return Err(at.invalid(&format!("{key}.\"{property}\""), format!("is managed by sluice; use {instead}")));
+        }
+        if let Some((_, why)) = REFUSED_KAFKA_PROPERTIES.iter().find(|(name, _)| name == property) {
+            return Err(at.invalid(&format!("{key}.\"{property}\""), format!("is refused: it {why}")));
         }
     }
     Ok(())

@@ -103,7 +103,7 @@ impl PersistConfig {
         if self.max_clock_skew < Duration::from_secs(60) || self.max_clock_skew > Duration::from_secs(366 * 86400) {
             return Err(at.invalid("max_clock_skew", "must be between 1m and 366d"));
         }
-        super::kafka::reject_managed(at, "properties", &self.properties)?;
+        super::kafka::reject_managed(at, "properties", &self.properties, super::kafka::Clients::Consumer)?;
         super::kafka::reject_refused(at, "properties", &self.properties)
     }
 }

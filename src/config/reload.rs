@@ -189,13 +189,16 @@ fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
 
 /// Follows the config file at `path` until `stop`: each new config is judged for `role` against
 /// `running`; an accepted plan is handed to `apply(current, effective)` for the keys the role
-/// applies itself, then recorded as the running config. The one reload loop of both roles.
+/// applies itself, then recorded as the running config. `apply` may refuse the plan whole, saying
+/// why, before it changes anything (the agent does when librdkafka would not make a producer of
+/// it): then it is counted rejected and the running config stays. The one reload loop of both
+/// roles.
 pub async fn follow(
     path: PathBuf,
     role: Role,
     running: &std::sync::RwLock<Config>,
     stop: tokio_util::sync::CancellationToken,
-    mut apply: impl FnMut(&Config, &Config),
+    mut apply: impl FnMut(&Config, &Config) -> Result<(), String>,
 ) {
     let mut watcher = match Watcher::new(path) {
         Ok(watcher) => watcher,
@@ -207,8 +210,7 @@ pub async fn follow(
         let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let unchanged = matches!(&event, Event::Valid(config) if **config == current);
         if !unchanged && let Some(plan) = judge(role, &current, event) {
-            apply(&current, &plan.effective);
-            applied(&current, plan, running);
+            apply_or_refuse(&current, plan, running, &mut apply);
         }
     }
     loop {
@@ -218,8 +220,24 @@ pub async fn follow(
         };
         let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let Some(plan) = judge(role, &current, event) else { continue };
-        apply(&current, &plan.effective);
-        applied(&current, plan, running);
+        apply_or_refuse(&current, plan, running, &mut apply);
+    }
+}
+
+/// Hands `plan` to the role's `apply`; records it as running, or counts it rejected if `apply`
+/// refused it.
+fn apply_or_refuse(
+    current: &Config,
+    plan: Plan,
+    running: &std::sync::RwLock<Config>,
+    apply: &mut impl FnMut(&Config, &Config) -> Result<(), String>,
+) {
+    match apply(current, &plan.effective) {
+        Ok(()) => applied(current, plan, running),
+        Err(error) => {
+            tracing::error!(%error, keys = ?plan.live, "config reload rejected; the running config stays");
+            count(Reload::Rejected);
+        }
     }
 }
 

@@ -117,7 +117,7 @@ impl ShipConfig {
             }
             _ => {}
         }
-        super::kafka::reject_managed(at, "properties", &self.properties)?;
+        super::kafka::reject_managed(at, "properties", &self.properties, super::kafka::Clients::Producer)?;
         super::kafka::reject_refused(at, "properties", &self.properties)
     }
 }

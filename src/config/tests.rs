@@ -197,6 +197,28 @@ fn refuses_pass_through_properties_librdkafka_refuses_naming_them() {
         .expect("properties librdkafka takes are taken");
 }
 
+/// Issue 30, item 7 (cold review): `delivery.report.only.error = true` passed, and no record was
+/// ever reported delivered (each kept its memory: the buffer filled after ~200k records, and at
+/// the exit every record Kafka stored was counted lost); `transactional.id` made every produce
+/// fail with ERR__STATE, retried for ever. Both, and the others of those two shapes, are refused
+/// naming the key; so are two values sluice sets after the maps (they were silently replaced).
+#[test]
+fn refuses_producer_properties_that_would_stall_the_agent_or_make_it_lie() {
+    for (section, property, value) in [
+        ("ship", "delivery.report.only.error", "true"),
+        ("kafka", "transactional.id", "sluice"),
+        ("ship", "api.version.request", "false"),
+        ("kafka", "topic.blacklist", "^logs$"),
+        ("kafka", "log.queue", "true"),
+        ("ship", "message.max.bytes", "2000000"),
+        ("kafka", "statistics.interval.ms", "0"),
+    ] {
+        let text = format!("[{section}.properties]\n\"{property}\" = \"{value}\"\n");
+        let error = Config::from_toml(&text).expect_err(property).to_string();
+        assert!(error.contains(&format!("{section}.properties.\"{property}\"")), "{error}");
+    }
+}
+
 #[test]
 fn refuses_pass_through_properties_that_would_weaken_tls_verification() {
     let key = invalid_key("[kafka.properties]\n\"enable.ssl.certificate.verification\" = \"false\"\n");
@@ -351,7 +373,10 @@ mod reloading {
         let running = std::sync::RwLock::new(Config::default());
         let stop = tokio_util::sync::CancellationToken::new();
         let mut applied = Vec::new();
-        let follow = follow(path, Role::Agent, &running, stop.clone(), |_, new| applied.push(new.buffer.when_full));
+        let follow = follow(path, Role::Agent, &running, stop.clone(), |_, new| {
+            applied.push(new.buffer.when_full);
+            Ok(())
+        });
         tokio::select! {
             _ = follow => {}
             _ = tokio::time::sleep(Duration::from_millis(500)) => stop.cancel(),

@@ -156,9 +156,12 @@ pub(super) fn consumer_config(config: &Config) -> ClientConfig {
     for (key, value) in config.kafka.client_properties().iter().chain(config.persist.properties.iter()) {
         client.set(key, value);
     }
+    // A client id set in the properties is kept (Kafka's quotas are per client id).
+    if client.get("client.id").is_none() {
+        client.set("client.id", "sluice-persist");
+    }
     client
         .set("bootstrap.servers", &config.kafka.brokers)
-        .set("client.id", "sluice-persist")
         .set("statistics.interval.ms", telemetry::librdkafka::STATISTICS_INTERVAL_MS)
         .set("group.id", &config.persist.group_id)
         // Managed keys (librdkafka's defaults): with TLS, certificate and host name verified.

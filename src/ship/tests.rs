@@ -69,6 +69,16 @@ fn librdkafkas_queue_and_message_limit_take_the_largest_message_a_listener_allow
     assert!(batch <= queue * 1024 / 2, "a batch ({batch} B) is at most half what the queue holds ({queue} KiB)");
 }
 
+/// Issue 30, item 7 (audit): a `client.id` from the properties was silently replaced with
+/// `sluice-agent`; Kafka's quotas are per client id, so it is kept.
+#[test]
+fn a_client_id_set_in_the_properties_is_kept() {
+    let config = Config::from_toml("[kafka.properties]\n\"client.id\" = \"team-a\"\n").expect("valid");
+    assert_eq!(producer_config(&config, &Buffer::for_config(&config)).get("client.id"), Some("team-a"));
+    let config = Config::from_toml("").expect("valid");
+    assert_eq!(producer_config(&config, &Buffer::for_config(&config)).get("client.id"), Some("sluice-agent"));
+}
+
 #[test]
 fn a_batch_num_messages_set_in_the_properties_is_kept() {
     let config = Config::from_toml("[ship.properties]\n\"batch.num.messages\" = \"77\"\n").expect("valid");
@@ -307,4 +317,19 @@ async fn a_possibly_persisted_record_left_in_memory_by_the_drain_is_unconfirmed_
     assert_eq!(buffer.queued_records(), 2, "both back in the buffer, to be sent again");
     let report = crate::agent::account(&buffer, 0, 0);
     assert_eq!((report.lost, report.unconfirmed), (1, 1), "{report:?}");
+}
+
+/// Issue 30, item 8 (cold review): a reload librdkafka refuses only across properties
+/// (`max.in.flight` above 5 with idempotence, `retries = 0`) was reported applied, and every
+/// producer made with it failed: shipping collapsed to ≤ 512 records/s for ever. The whole
+/// producer is made (nothing opened) before a config runs, and such a config refused.
+#[test]
+fn a_producer_librdkafka_refuses_across_properties_is_refused_before_it_runs() {
+    for properties in ["\"max.in.flight\" = \"6\"", "retries = \"0\""] {
+        let config =
+            Config::from_toml(&format!("[ship.properties]\n{properties}\n")).expect("each property is fine alone");
+        let refused = check_producer(&config).expect_err(properties).to_string();
+        assert!(refused.contains("librdkafka refuses the producer"), "{refused}");
+    }
+    check_producer(&Config::from_toml("").expect("defaults")).expect("the defaults make a producer");
 }

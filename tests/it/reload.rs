@@ -132,6 +132,34 @@ async fn reloading_producer_settings_under_load_loses_and_duplicates_nothing() {
     assert!(agent.log_text().contains("kafka producer replaced with new settings"));
 }
 
+/// Issue 30, item 8 (cold review): a reload librdkafka refuses only across properties
+/// (`max.in.flight = 6` with idempotence) was reported applied; every producer made from it then
+/// failed, the shipper retried once a second and shipping collapsed for ever. It is refused whole:
+/// the running producer keeps shipping. At start the same config is a config error (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_librdkafka_would_refuse_across_properties_is_refused_whole_and_shipping_goes_on() {
+    let mut setup = Scenario::new("reloadrefused").build().await;
+    let (path, mut agent) = setup.listening_agent().await;
+    let admin = setup.config.agent_admin();
+    wait_ready(&mut agent, admin).await;
+    setup.config.set("ship", "properties", toml::Value::Table(toml::toml! { "max.in.flight" = "6" }));
+    setup.config.write_to(&path);
+    agent.signal("HUP");
+    until_metric_at_least(admin, telemetry::CONFIG_RELOADS, &[("result", "rejected")], 1.0).await;
+    let metrics = scrape(admin).await;
+    assert_eq!(metrics.count(telemetry::CONFIG_RELOADS, &[("result", "applied")]), 0.0);
+    assert!(agent.log_text().contains("librdkafka refuses the producer"), "{}", agent.log_text());
+    send_lines(&setup.config.socket(), &[b"still shipping".to_vec()]).await;
+    until_metric_at_least(admin, telemetry::SHIP_DELIVERED, &[], 1.0).await;
+    assert!(!agent.log_text().contains("replacement producer"), "no producer was made from it");
+
+    let started =
+        Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8")], setup.config.dir.path())
+            .wait(Duration::from_secs(30))
+            .await;
+    assert_eq!(started.code(), Some(64), "at start it is a config error");
+}
+
 /// Waits until Kafka has acknowledged a second's load (2,000 records) more than when asked.
 async fn ships_a_second_more(admin: std::net::SocketAddr) {
     let delivered = scrape(admin).await.count(telemetry::SHIP_DELIVERED, &[]);
