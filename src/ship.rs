@@ -174,12 +174,29 @@ impl rdkafka::producer::ProducerContext for Unheard {
 /// Makes the producer `config` would make, with nothing opened (no broker is named, so no
 /// connection is tried), and lets it go at once. librdkafka checks each property as it is set
 /// (config validation does that one by one) and how they go together only when a client is made
-/// (`max.in.flight` above 5 or `retries = 0` with idempotence, ...): a config the agent cannot
-/// run is refused before it runs — at start, naming the maps (exit 64), and at a reload, whole
-/// (it was reported applied, and every producer made with it failed). A few milliseconds.
+/// (`max.in.flight` above 5 or `retries = 0` with idempotence, a SASL mechanism this build lacks,
+/// ...): a config the agent cannot run is refused before it runs — at start, naming the maps
+/// (exit 64), and at a reload, whole (it was reported applied, and every producer made with it
+/// failed). A few milliseconds. Properties naming files (certificates, keys, keytabs, plugins)
+/// are left out: `check-config` runs where the pod's files are not (CI), and the agent reads them
+/// when it makes its producer.
 pub fn check_producer(config: &Config) -> Result<(), ProducerRefused> {
     let mut client = producer_config(config, ProducerShare::for_config(config));
     client.remove("bootstrap.servers");
+    let files: Vec<String> = client
+        .config_map()
+        .keys()
+        .filter(|name| {
+            name.ends_with(".location")
+                || name.ends_with(".file")
+                || name.ends_with("keytab")
+                || **name == "plugin.library.paths"
+        })
+        .map(|name| name.to_string())
+        .collect();
+    for name in files {
+        client.remove(&name);
+    }
     client.set_log_level(rdkafka::config::RDKafkaLogLevel::Emerg);
     match client.create_with_context::<_, rdkafka::producer::BaseProducer<Unheard>>(Unheard) {
         Ok(producer) => {
