@@ -257,11 +257,23 @@ pub struct Shipper {
     reached_once: Arc<AtomicBool>,
     /// The agent's tasks (a panic while settling fails them).
     tasks: Tasks,
+    /// Held by every producer's polling thread while it runs.
+    polling: Arc<()>,
+    /// Producers replaced after a fatal error in a row, none of which Kafka stored a record of
+    /// (a producer fatal from birth: a missing ACL): each replacement waits longer.
+    fatal_streak: std::sync::atomic::AtomicU32,
 }
 
 /// How long a producer being replaced with new settings may take to deliver what it holds
 /// before what it still holds is purged (and comes back to the buffer).
 const RECONFIGURE_FLUSH: Duration = Duration::from_secs(10);
+
+/// The first wait before replacing a producer that failed without ever delivering (it doubles
+/// with each such producer in a row, up to [`FATAL_BACKOFF_MAX`]).
+const FATAL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The longest wait between replacements of producers that fail at birth.
+const FATAL_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// How often a producer being retired says it still waits for delivery reports.
 const RETIRE_REPORT_EVERY: Duration = Duration::from_secs(10);
@@ -272,7 +284,8 @@ impl Shipper {
     /// non-zero).
     pub fn new(config: &Config, buffer: Buffer, tasks: Tasks) -> Result<Self, ShipError> {
         let client = producer_config(config, &buffer);
-        let producer = Self::create(&client, &buffer, &tasks)?;
+        let polling = Arc::new(());
+        let producer = Self::create(&client, &buffer, &tasks, &polling)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
         Ok(Self {
             config: RwLock::new(client),
@@ -286,13 +299,20 @@ impl Shipper {
             reachable: Arc::new(AtomicBool::new(false)),
             reached_once: Arc::new(AtomicBool::new(false)),
             tasks,
+            polling,
+            fatal_streak: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
     /// A producer with a fatal flag of its own: a retiring producer's late errors never mark
     /// its replacement.
-    fn create(client: &ClientConfig, buffer: &Buffer, tasks: &Tasks) -> Result<Producer_, ShipError> {
-        Ok(Producer_::create(client, ShipContext::new(buffer.clone(), tasks.clone()))?)
+    fn create(
+        client: &ClientConfig,
+        buffer: &Buffer,
+        tasks: &Tasks,
+        polling: &Arc<()>,
+    ) -> Result<Producer_, ShipError> {
+        Ok(Producer_::create(client, ShipContext::new(buffer.clone(), tasks.clone()), polling.clone())?)
     }
 
     fn producer(&self) -> Arc<Producer_> {
@@ -308,6 +328,13 @@ impl Shipper {
         self.reconfigured.notify_one();
     }
 
+    /// Polling threads running: the current producer's, and those of producers let go whose
+    /// thread has not ended yet.
+    #[cfg(test)]
+    fn polling_threads(&self) -> usize {
+        Arc::strong_count(&self.polling) - 1
+    }
+
     /// Producers replaced after a fatal error so far.
     pub fn recreations(&self) -> u64 {
         self.recreations.load(Ordering::Relaxed)
@@ -315,15 +342,38 @@ impl Shipper {
 
     /// Replaces the producer: after a fatal error, or with new settings. The old one is retired
     /// on the blocking pool ([`retire`]): every record it still holds comes back to the buffer
-    /// through its (retryable) delivery report before it is gone.
-    async fn recreate(&self) {
+    /// through its (retryable) delivery report before it is gone. A fatal producer that never
+    /// delivered a record (refused at birth: a missing ACL, an unauthorised cluster) is replaced
+    /// only after a backoff (1 s, doubling to a minute with each in a row): its replacement would
+    /// fail the same way, and each costs librdkafka's threads and sockets. `stop` ends the wait
+    /// (nothing is replaced then).
+    async fn recreate(&self, stop: &CancellationToken) {
+        let current = self.producer();
+        if current.context().fatal.load(Ordering::Relaxed) {
+            if current.context().delivered_any.load(Ordering::Relaxed) {
+                self.fatal_streak.store(0, Ordering::Relaxed);
+            } else {
+                let streak = self.fatal_streak.fetch_add(1, Ordering::Relaxed);
+                let wait = FATAL_BACKOFF.saturating_mul(1 << streak.min(16)).min(FATAL_BACKOFF_MAX);
+                warn!(
+                    wait_seconds = wait.as_secs(),
+                    in_a_row = streak + 1,
+                    "the kafka producer failed before delivering anything; replaced after a backoff"
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        drop(current);
         let pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         let reconfigured = pending.is_some();
         if let Some(client) = pending {
             *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         }
         let client = self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let fresh = match Self::create(&client, &self.buffer, &self.tasks) {
+        let fresh = match Self::create(&client, &self.buffer, &self.tasks, &self.polling) {
             Ok(producer) => Arc::new(producer),
             Err(error) => {
                 error!(%error, "cannot create a replacement producer; retrying");
@@ -380,7 +430,7 @@ impl Shipper {
         let mut prefer_backlog = true;
         loop {
             if self.must_recreate() {
-                self.recreate().await;
+                self.recreate(&stop).await;
             }
             let work = tokio::select! {
                 _ = stop.cancelled() => break,
@@ -455,7 +505,7 @@ impl Shipper {
                             self.buffer.unsent(*returned.delivery_opaque);
                             return;
                         }
-                        self.recreate().await;
+                        self.recreate(stop).await;
                         producer = self.producer();
                         base = returned;
                         continue;

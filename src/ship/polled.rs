@@ -29,6 +29,16 @@ use super::settle::SettleThread;
 /// was most of an idle agent's CPU (`perf record` on this thread: 62% `clock_gettime`).
 const POLL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long one `poll` call lasts in a producer's first [`PROVING`]: a producer that fails at
+/// birth (its `InitProducerId` refused: a missing ACL) is let go within seconds, and its thread
+/// — holding the producer's own threads and sockets until it ends — must not outlive it by
+/// `POLL_WAIT` each time (issue 30: thousands of threads). Costs ~1 ms of CPU a second, for
+/// [`PROVING`] only.
+const PROVING_POLL_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a new producer polls in [`PROVING_POLL_WAIT`] slices.
+const PROVING: Duration = Duration::from_secs(30);
+
 /// A [`BaseProducer`] whose callbacks a thread of its own serves; dropping it tells the thread
 /// to stop (it lets the producer go within `POLL_WAIT`).
 pub struct Polled {
@@ -40,8 +50,9 @@ pub struct Polled {
 }
 
 impl Polled {
-    /// Creates the producer and starts its polling thread.
-    pub fn create(client: &ClientConfig, context: ShipContext) -> KafkaResult<Self> {
+    /// Creates the producer and starts its polling thread, which holds `alive` (a token whose
+    /// count says how many polling threads run) until it ends.
+    pub fn create(client: &ClientConfig, context: ShipContext, alive: Arc<()>) -> KafkaResult<Self> {
         let settle = SettleThread::start(context.settler.clone()).map_err(|error| {
             rdkafka::error::KafkaError::ClientCreation(format!("cannot start the producer's settling thread: {error}"))
         })?;
@@ -51,8 +62,10 @@ impl Polled {
         std::thread::Builder::new()
             .name("kafka-poll".into())
             .spawn(move || {
+                let _alive = alive;
+                let born = std::time::Instant::now();
                 while !stopping.load(Ordering::Relaxed) {
-                    polled.poll(POLL_WAIT);
+                    polled.poll(if born.elapsed() < PROVING { PROVING_POLL_WAIT } else { POLL_WAIT });
                 }
             })
             .map_err(|error| {

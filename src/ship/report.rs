@@ -41,6 +41,9 @@ pub struct ShipContext {
     pub(super) last_purge: AtomicBool,
     /// Records counted [`Failed::Unconfirmed`] by the last purge.
     pub(super) unconfirmed: AtomicU64,
+    /// Kafka stored a record this producer sent: it worked once. A fatal producer that never did
+    /// (refused at birth) is replaced only after a backoff.
+    pub(super) delivered_any: AtomicBool,
 }
 
 impl ClientContext for ShipContext {
@@ -80,6 +83,7 @@ impl ShipContext {
             fatal,
             last_purge: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
+            delivered_any: AtomicBool::new(false),
         }
     }
 
@@ -99,7 +103,12 @@ impl ShipContext {
     pub(super) fn report_status(&self, report: Report<'_>, possibly_persisted: bool, mut in_flight: InFlight) {
         match report {
             // Settled with the others the reports bring meanwhile, on the settling thread.
-            Ok(_) => self.settler.delivered(in_flight),
+            Ok(_) => {
+                if !self.delivered_any.load(Ordering::Relaxed) {
+                    self.delivered_any.store(true, Ordering::Relaxed);
+                }
+                self.settler.delivered(in_flight);
+            }
             Err((error, payload, key)) => {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);

@@ -187,6 +187,39 @@ mod mock {
         assert!(tasks.failures().is_empty(), "{:?}", tasks.failures());
     }
 
+    /// Issue 30, item 9 (cold review): a producer fatal from birth (`InitProducerId` refused
+    /// with `CLUSTER_AUTHORIZATION_FAILED`: a missing ACL) was replaced with no backoff, and each
+    /// retired producer lingered ~10 s with its threads and sockets: thousands of threads.
+    /// Replacements of a producer that never delivered back off (1 s, doubling), and a retired
+    /// producer's polling thread ends within a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_producer_fatal_from_birth_is_replaced_with_backoff_and_leaves_no_threads_behind() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("logs", 1, 1).expect("topic");
+        cluster.request_errors(
+            RDKafkaApiKey::InitProducerId,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED; 500],
+        );
+        let config = mock_config(&cluster.bootstrap_servers(), "");
+        let buffer = Buffer::for_config(&config);
+        let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (shipper, stop) = (shipper.clone(), stop.clone());
+            async move { shipper.run(stop).await }
+        });
+        push(&buffer, &AckTracker::new(AckPoint::Delivered), 10).await;
+        // The time is the point: how many producers twelve seconds of refusals make.
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let replaced = shipper.recreations();
+        assert!((2..=5).contains(&replaced), "{replaced} producers replaced in 12 s (1 s, 2 s, 4 s apart)");
+        let polling = shipper.polling_threads();
+        assert!(polling <= 2, "{polling} polling threads alive: the current producer's, and at most one retiring");
+        stop.cancel();
+        task.await.expect("shipper");
+    }
+
     /// Issue 12, item 5: a producer replaced with new settings was dropped by rdkafka, which
     /// purges and then flushes for only 500 ms: delivery reports not served by then would be lost
     /// with their leases and records. (Not reproduced: the purge makes every report at once, and
