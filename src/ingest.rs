@@ -118,7 +118,7 @@ pub struct IngestContext {
     pub acks: Arc<crate::buffer::ack::AckBudget>,
     /// The shared read pool, in [`connection::READ_UNIT`]s: room for connections to hold long
     /// records unread beyond [`connection::SMALL_READ`] each (see [`read_pool`]).
-    pub read_pool: Arc<Semaphore>,
+    pub read_pool: Arc<ReadPool>,
     /// Slots for compressed Forward messages held inflated ([`MAX_INFLATIONS`]).
     pub inflations: Arc<Semaphore>,
 }
@@ -134,10 +134,63 @@ pub const MAX_INFLATIONS: usize = 4;
 pub const READ_POOL_BYTES: usize = 8 * 1024 * 1024;
 
 /// The shared read pool for `config`'s listeners (see [`IngestContext::read_pool`]).
-pub fn read_pool(config: &IngestConfig) -> Arc<Semaphore> {
+pub fn read_pool(config: &IngestConfig) -> Arc<ReadPool> {
     let largest = config.listeners.values().map(|listener| connection::read_units(listener.max_record_bytes())).max();
     let units = (READ_POOL_BYTES / connection::READ_UNIT) as u32;
-    Arc::new(Semaphore::new(units.max(largest.unwrap_or(0)) as usize))
+    Arc::new(ReadPool {
+        room: Arc::new(Semaphore::new(units.max(largest.unwrap_or(0)) as usize)),
+        waiting: std::sync::atomic::AtomicUsize::new(0),
+        wanted: tokio::sync::Notify::new(),
+    })
+}
+
+/// The room connections share to hold long records unread (in [`connection::READ_UNIT`]s), and
+/// who waits for it. A connection that holds room for a record its writer does not finish within
+/// [`connection::PARTIAL_RECORD_HOLD`] gives it back, counting the record `truncated` and closing,
+/// once another connection waits: eight writers each holding an unfinished 1 MiB line would
+/// otherwise make every other connection's records over ~16 KiB wait until they idle out
+/// (`idle_timeout`, 10 minutes by default).
+pub struct ReadPool {
+    /// The room.
+    pub room: Arc<Semaphore>,
+    /// Connections waiting for room now.
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Signalled when a connection starts waiting.
+    wanted: tokio::sync::Notify,
+}
+
+impl ReadPool {
+    /// Whether a connection waits for room now.
+    pub fn wanted(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// Waits until a connection waits for room.
+    pub async fn until_wanted(&self) {
+        loop {
+            let wanted = self.wanted.notified();
+            if self.wanted() {
+                return;
+            }
+            wanted.await;
+        }
+    }
+
+    /// A connection waits for room until the guard is dropped.
+    fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.wanted.notify_waiters();
+        Waiting(self)
+    }
+}
+
+/// One connection waiting for read room (see [`ReadPool::waiting`]).
+struct Waiting<'a>(&'a ReadPool);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The Kafka key rule, resolved once from `ship.key`.

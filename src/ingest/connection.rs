@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures_util::{FutureExt, StreamExt};
 use tokio::net::UnixStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -53,6 +53,12 @@ pub const SMALL_READ: usize = 16 * 1024;
 
 /// The unit the shared read pool is counted in.
 pub const READ_UNIT: usize = 16 * 1024;
+
+/// How long a connection may hold read room for one record its writer does not finish, while
+/// another connection waits for room: then the record is counted `truncated` and the connection
+/// closed ([`super::ReadPool`]). A writer on a local socket sends a record of any allowed size in
+/// milliseconds; one that stops in the middle of a long record must not hold room others need.
+pub const PARTIAL_RECORD_HOLD: Duration = Duration::from_secs(5);
 
 /// The first line that switches a connection to acknowledged mode.
 pub const ACK_HANDSHAKE: &[u8] = b"SLUICE/1 ACK";
@@ -165,8 +171,14 @@ pub async fn serve(
                     None => Some(frames.next().await),
                 }
             };
+            let overstayed = room.overstayed();
             tokio::select! {
                 biased;
+                _ = overstayed, if room.held() => {
+                    debug!("a partial record held read room others wait for; counted truncated, closing");
+                    cut_short = true;
+                    break;
+                }
                 next = read => match next {
                     Some(next) => next,
                     None => {
@@ -631,18 +643,28 @@ impl<D> Drop for Accounted<D> {
 /// of what it holds and waits for all a record can need (`full`), so two connections never wait
 /// for each other's room (no hold-and-wait). The pool always has at least `full`.
 struct ReadRoom {
-    pool: Arc<Semaphore>,
+    pool: Arc<super::ReadPool>,
     full: u32,
     held: Option<OwnedSemaphorePermit>,
+    /// When the room now held was first taken (for the record being read).
+    since: tokio::time::Instant,
 }
 
 impl ReadRoom {
     fn new(ingest: &IngestContext, max_record_size: usize) -> Self {
-        Self { pool: ingest.read_pool.clone(), full: read_units(max_record_size), held: None }
+        let since = tokio::time::Instant::now();
+        Self { pool: ingest.read_pool.clone(), full: read_units(max_record_size), held: None, since }
     }
 
     fn held(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Ends once the room held has been held for [`PARTIAL_RECORD_HOLD`] and another connection
+    /// waits for room (never while none is held: the caller only asks then).
+    async fn overstayed(&self) {
+        tokio::time::sleep_until(self.since + PARTIAL_RECORD_HOLD).await;
+        self.pool.until_wanted().await;
     }
 
     /// Unread bytes the connection may hold: with all a record can need, no more limit here
@@ -661,16 +683,21 @@ impl ReadRoom {
         let needed = (held.saturating_sub(SMALL_READ) / READ_UNIT + 1) as u32;
         let wanted = needed.max(have.saturating_mul(2)).min(self.full);
         if wanted > have {
-            match self.pool.clone().try_acquire_many_owned(wanted - have) {
+            match self.pool.room.clone().try_acquire_many_owned(wanted - have) {
                 Ok(more) => match &mut self.held {
                     Some(permit) => permit.merge(more),
-                    None => self.held = Some(more),
+                    None => {
+                        self.held = Some(more);
+                        self.since = tokio::time::Instant::now();
+                    }
                 },
                 Err(_) => {
                     self.held = None;
+                    let _waiting = self.pool.waiting();
                     // The pool is never closed.
-                    if let Ok(all) = self.pool.clone().acquire_many_owned(self.full).await {
+                    if let Ok(all) = self.pool.room.clone().acquire_many_owned(self.full).await {
                         self.held = Some(all);
+                        self.since = tokio::time::Instant::now();
                     }
                 }
             }

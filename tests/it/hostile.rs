@@ -498,3 +498,83 @@ async fn compressed_forward_messages_waiting_for_a_full_buffer_are_not_all_held_
     assert!(grown_kib <= bound_kib, "grew {grown_kib} KiB over the bound {bound_kib} KiB with {PEERS} peers");
     drop(held);
 }
+
+/// Issue 30, item 10 (cold review): eight connections each holding an unfinished ~1 MiB line took
+/// the whole shared read pool, and every other connection's records over ~16 KiB waited for room
+/// until those idled out (`idle_timeout`, 10 minutes). A partial record may hold room others
+/// wait for only `PARTIAL_RECORD_HOLD` (5 s): then it is counted `truncated` and its connection
+/// closed, and the waiting record goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_records_holding_the_read_pool_give_it_up_to_a_connection_that_waits() {
+    let pipeline = Scenario::new("poolhog").pipeline().await;
+    let (config, db) = (&pipeline.config, &pipeline.db);
+    // 1 MiB less a little, no newline: each needs all a record may (the pool holds seven).
+    let mut holders = Vec::new();
+    for _ in 0..8 {
+        let mut stream = connect(&config.socket()).await;
+        stream.write_all(&vec![b'h'; 1024 * 1024 - 100]).await.expect("write");
+        holders.push(stream);
+    }
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], 7.0 * 1024.0 * 1024.0).await;
+    let started = std::time::Instant::now();
+    let mut line = vec![b'v'; 100 * 1024];
+    line.push(b'\n');
+    let mut victim = connect(&config.socket()).await;
+    victim.write_all(&line).await.expect("write");
+    until_rows(db, 1).await;
+    assert!(started.elapsed() < Duration::from_secs(30), "the waiting record went through in {:?}", started.elapsed());
+    let truncated = [("listener", "default"), ("reason", "truncated")];
+    let metrics = until_metric_at_least(config.agent_admin(), telemetry::INGEST_REJECTED, &truncated, 1.0).await;
+    assert!(metrics.count(telemetry::INGEST_REJECTED, &truncated) <= 8.0);
+}
+
+/// Issue 30, item 10 (cold review): at the drain deadline a connection still waiting for read
+/// room broke out of its loop and dropped the complete records queued in its read buffer,
+/// uncounted. They are given up and counted like every other wait at the deadline. (A pool of one
+/// 8 MiB record's room; a writer holding it, blocked on a full buffer with Kafka away; a second
+/// connection whose read of a 17 KiB line and two short ones outgrew its own 16 KiB share before
+/// any of them was framed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_queued_behind_a_wait_for_read_room_at_the_drain_deadline_are_counted() {
+    let setup = Scenario::new("roomdeadline")
+        .kafka_unreachable()
+        .listener("default", "max_record_size", "8 MiB")
+        .set("buffer", "max_bytes", "33 MiB")
+        .set("buffer", "when_full", "block")
+        .set("buffer", "block_timeout", "forever")
+        .set("agent", "drain_timeout", "2s")
+        .build()
+        .await;
+    let (_, mut agent) = setup.listening_agent().await;
+    let config = &setup.config;
+    let mut record = vec![b'h'; 8 * 1024 * 1024 - 100];
+    record.push(b'\n');
+    // Two fit the buffer's leases; the third holds all the pool's room, waiting for the buffer.
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connect(&config.socket()).await;
+        stream.write_all(&record).await.expect("write");
+        holders.push(stream);
+    }
+    until_metric_at_least(
+        config.agent_admin(),
+        telemetry::INGEST_READ_BUFFER_BYTES,
+        &[],
+        8.0 * 1024.0 * 1024.0 - 200.0,
+    )
+    .await;
+    let mut waiting = vec![b'w'; 17 * 1024];
+    waiting.extend_from_slice(b"\na\nb\n");
+    let mut victim = connect(&config.socket()).await;
+    victim.write_all(&waiting).await.expect("write");
+    let held = 8.0 * 1024.0 * 1024.0 - 100.0 + waiting.len() as f64;
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], held).await;
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status:?}");
+    let log = agent.log_text();
+    let line = log.lines().rev().find(|line| line.contains("\"drain finished\"")).expect("a drain finished line");
+    let report: serde_json::Value = serde_json::from_str(line).expect("json");
+    // The blocked holder's record, and the three behind the wait for room.
+    assert_eq!(report["fields"]["abandoned"].as_u64(), Some(4), "{line}");
+}
