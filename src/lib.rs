@@ -19,6 +19,7 @@ pub mod persist;
 pub mod ship;
 pub mod shutdown;
 pub mod status;
+pub mod storable;
 pub mod telemetry;
 #[cfg(test)]
 mod test_support;

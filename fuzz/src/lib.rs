@@ -21,7 +21,7 @@ pub use spool::segment;
 
 use bytes::BytesMut;
 use sluice::ingest::forward::{self, ForwardFramer, Limits};
-use sluice::ingest::framing::{Frame, LineFramer, OctetFramer, SyslogFramer};
+use sluice::ingest::framing::{Frame, LineFramer, OctetFramer, SyslogFramer, Unfinished};
 use sluice::ingest::syslog;
 use tokio_util::codec::Decoder;
 
@@ -36,7 +36,7 @@ pub const MAX_DEPTH: usize = 8;
 /// `Broken` frame nothing more comes out.
 pub fn feed<D>(mut decoder: D, data: &[u8], mut each: impl FnMut(&Frame))
 where
-    D: Decoder<Item = Frame, Error = std::io::Error>,
+    D: Decoder<Item = Frame, Error = std::io::Error> + Unfinished,
 {
     let Some((&first, data)) = data.split_first() else { return };
     let step = usize::from(first % 64) + 1;
@@ -51,6 +51,7 @@ where
                 assert!(record.len() <= MAX_RECORD, "record of {} bytes above the limit", record.len())
             }
             Frame::TooLarge { len } => assert!(*len > MAX_RECORD as u64, "too large at {len} bytes"),
+            Frame::Truncated { len } => assert!(*len as usize <= bound, "truncated at {len} bytes"),
             Frame::Broken(_) => {}
         }
         each(&frame);
@@ -63,6 +64,16 @@ where
             broken |= check(frame, buf.len());
         }
         assert!(buf.len() <= bound, "read buffer grew to {}", buf.len());
+    }
+    if first & 0x80 != 0 {
+        // The agent's end of the stream (a drain, an idle timeout): what the framer still holds
+        // is one frame at most, never a record, and nothing is held after it.
+        if !broken && let Some(frame) = decoder.unfinished(&mut buf) {
+            assert!(!matches!(frame, Frame::Record(_)), "an unfinished record passed for a whole one: {frame:?}");
+            check(frame, 0);
+        }
+        assert!(buf.is_empty(), "{} bytes held after the agent's end of the stream", buf.len());
+        return;
     }
     while !broken && let Some(frame) = decoder.decode_eof(&mut buf).expect("framers do not fail") {
         broken |= check(frame, buf.len());

@@ -135,7 +135,11 @@ fn check_dead(letter: &DeadLetter, value: Option<&[u8]>) {
     assert!(DeadLetterReason::ALL.contains(&letter.reason), "undocumented dead-letter reason {:?}", letter.reason);
     storable_error(&letter.error);
     assert_eq!(letter.payload.as_deref(), value, "a dead letter keeps the message byte for byte");
-    assert_eq!(letter.reason == DeadLetterReason::EmptyMessage, value.is_none(), "empty_message is for a message without value");
+    assert_eq!(
+        letter.reason == DeadLetterReason::EmptyMessage,
+        value.is_none(),
+        "empty_message is for a message without value"
+    );
     if letter.reason == DeadLetterReason::UnpairedSurrogate {
         let text = value.and_then(|value| std::str::from_utf8(record_part(value)).ok()).unwrap_or_default();
         assert!(escapes_unpaired_surrogate(text), "an unpaired_surrogate dead letter for {text:?}");
@@ -147,7 +151,9 @@ fn check_dead(letter: &DeadLetter, value: Option<&[u8]>) {
 /// somewhere in the whole.
 fn record_part(value: &[u8]) -> &[u8] {
     match value {
-        [BINARY_VERSION, high, low, ..] => value.get(usize::from(u16::from_be_bytes([*high, *low]))..).unwrap_or_default(),
+        [BINARY_VERSION, high, low, ..] => {
+            value.get(usize::from(u16::from_be_bytes([*high, *low]))..).unwrap_or_default()
+        }
         _ => value,
     }
 }
@@ -278,7 +284,8 @@ fn agrees_with_binary_envelope(row: &Row, value: &[u8]) {
     let pid = (flags & 2 != 0).then(|| int(take(4)) as u32 as i32);
     let (uid, gid) = if flags & 1 != 0 { (Some(int(take(4)) as i64), Some(int(take(4)) as i64)) } else { (None, None) };
     assert_eq!((row.peer_pid, row.peer_uid, row.peer_gid), (pid, uid, gid), "the peer");
-    for (bit, column) in [(4, &row.pod_name), (8, &row.pod_namespace), (16, &row.container_name), (32, &row.node_name)] {
+    for (bit, column) in [(4, &row.pod_name), (8, &row.pod_namespace), (16, &row.container_name), (32, &row.node_name)]
+    {
         let field = (flags & bit != 0).then(|| {
             let len = int(take(2)) as usize;
             String::from_utf8(take(len).to_vec()).expect("a row's pod field is UTF-8")

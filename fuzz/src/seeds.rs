@@ -82,7 +82,12 @@ fn write_row_and_segment_seeds() {
     let v2 =
         String::from_utf8(envelope(r#"{"msg":"from the future"}"#)).expect("utf-8").replace(r#""v":1"#, r#""v":2"#);
     put(&row, "v2_unsupported", message, v2.as_bytes());
-    put(&row, "binary_json", message, &envelope_as(EnvelopeKind::Binary, r#"{"ts":1780315200.5,"level":"WARN","msg":"x"}"#));
+    put(
+        &row,
+        "binary_json",
+        message,
+        &envelope_as(EnvelopeKind::Binary, r#"{"ts":1780315200.5,"level":"WARN","msg":"x"}"#),
+    );
     put(&row, "binary_text", message, &envelope_as(EnvelopeKind::Binary, "plain \"text\" line \\ ü"));
     let binary = envelope_as(EnvelopeKind::Binary, r#"{"msg":"cut short"}"#);
     put(&row, "binary_truncated", message, &binary[..20]);

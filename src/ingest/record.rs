@@ -7,8 +7,13 @@
 //! - empty: `reason="empty"`;
 //! - not UTF-8: `reason="invalid_utf8"` (rejected rather than repaired, so every stored payload
 //!   is byte-identical to what the app wrote);
-//! - contains a NUL byte: `reason="contains_nul"` (PostgreSQL text cannot hold U+0000; refusing
-//!   at the socket tells the writer, instead of a dead letter far downstream);
+//! - contains a NUL byte, or (a record starting with `{`) its JSON escape `\u0000`:
+//!   `reason="contains_nul"` (PostgreSQL text cannot hold U+0000; refusing at the socket tells
+//!   the writer, instead of a dead letter far downstream — Go's `encoding/json` and JavaScript
+//!   write the escape for a NUL in a string);
+//! - a record starting with `{` holding a `\uD800`–`\uDFFF` escape that is not half of a pair:
+//!   `reason="unpaired_surrogate"` (`json` would store it, and every JSON query reaching the row
+//!   would fail; the persister's dead letter has the same word);
 //! - a record starting with `{` whose brackets (outside strings) nest deeper than the limit:
 //!   `reason="too_deep"`. JSON parsers recurse per level; this bounds their stack and time. The
 //!   scan does not parse, so text that only looks like deep JSON is refused too.
@@ -24,8 +29,15 @@ pub fn validate(bytes: &[u8], max_json_depth: usize) -> Result<&str, Rejected> {
     if memchr::memchr(0, bytes).is_some() {
         return Err(Rejected::ContainsNul);
     }
-    if bytes[0] == b'{' && json_depth_exceeds(bytes, max_json_depth) {
-        return Err(Rejected::TooDeep);
+    if bytes[0] == b'{' {
+        if json_depth_exceeds(bytes, max_json_depth) {
+            return Err(Rejected::TooDeep);
+        }
+        match crate::storable::unstorable_escape(text) {
+            Some(crate::storable::Unstorable::Nul) => return Err(Rejected::ContainsNul),
+            Some(crate::storable::Unstorable::UnpairedSurrogate) => return Err(Rejected::UnpairedSurrogate),
+            None => {}
+        }
     }
     Ok(text)
 }
@@ -85,6 +97,18 @@ mod tests {
         assert_eq!(validate(b"", 4), Err(Rejected::Empty));
         assert_eq!(validate(b"caf\xe9", 4), Err(Rejected::InvalidUtf8));
         assert_eq!(validate(b"a\0b", 4), Err(Rejected::ContainsNul));
+    }
+
+    /// Issue 30, item 11 (cold review): `\u0000` — what Go's `encoding/json` and JavaScript
+    /// write for a NUL — passed the agent and became a dead letter in the persister, at ~2 round
+    /// trips apiece. It is refused at the socket, with the word the raw byte gets; so is an
+    /// unpaired surrogate, the persister's other dead letter of a valid JSON record.
+    #[test]
+    fn refuses_json_escapes_postgres_cannot_store_with_their_reasons() {
+        assert_eq!(validate(br#"{"msg":"a\u0000b"}"#, 4), Err(Rejected::ContainsNul));
+        assert_eq!(validate(br#"{"msg":"cut emoji \ud83d"}"#, 4), Err(Rejected::UnpairedSurrogate));
+        assert_eq!(validate(br#"{"msg":"\ud83d\ude00 and \\u0000"}"#, 4).map(|_| ()), Ok(()));
+        assert_eq!(validate(br#"text \u0000 is text"#, 4).map(|_| ()), Ok(()), "only JSON records");
     }
 
     #[test]

@@ -107,6 +107,10 @@ pub(super) async fn connect_writer<D: Database>(
     }
 }
 
+/// Lines about dead letters, collapsed (one a minute while they keep coming).
+static DEAD_LETTER_LINES: crate::telemetry::repeats::Repeats =
+    crate::telemetry::repeats::Repeats::new(crate::telemetry::repeats::REMINDER_EVERY);
+
 /// Records collected for the next write.
 #[derive(Default)]
 pub(super) struct Batch {
@@ -140,15 +144,25 @@ impl Committed {
         self.rows.extend(part.rows);
         let mut by_reason: BTreeMap<DeadLetterReason, u64> = BTreeMap::new();
         let mut letters_already_stored = 0;
+        let mut first = None;
         for (letter, stored) in part.dead.into_iter().zip(written.dead_letters_stored) {
             if stored {
                 *by_reason.entry(letter.reason).or_default() += 1;
-                warn!(
-                    topic = %letter.origin.topic, partition = letter.origin.partition, offset = letter.origin.offset,
-                    reason = letter.reason.as_str(), "message kept in dead_letters"
-                );
+                first.get_or_insert(letter.origin);
             } else {
                 letters_already_stored += 1;
+            }
+        }
+        if let Some(first) = first {
+            // One line for the part, and while dead letters keep coming one a minute: a buggy app
+            // can send thousands, each counted in sluice_persist_dead_letters_total.
+            let letters: u64 = by_reason.values().sum();
+            if let Some(repeated) = DEAD_LETTER_LINES.admit("dead letters") {
+                let reasons: Vec<&str> = by_reason.keys().map(|reason| reason.as_str()).collect();
+                warn!(
+                    letters, ?reasons, topic = %first.topic, partition = first.partition, offset = first.offset,
+                    batches_not_logged = repeated, "messages kept in dead_letters (the first one's coordinates)"
+                );
             }
         }
         for (reason, letters) in by_reason {

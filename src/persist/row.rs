@@ -313,7 +313,10 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
     // A text record stores only its line: the rest of a JSON envelope's object is not looked at.
     let unstorable = match &envelope.body {
         Body::Json(record) if record.contains('\0') => Some(DeadLetterReason::ContainsNul),
-        Body::Json(record) => unstorable_escape(record),
+        Body::Json(record) => crate::storable::unstorable_escape(record).map(|escape| match escape {
+            crate::storable::Unstorable::Nul => DeadLetterReason::ContainsNul,
+            crate::storable::Unstorable::UnpairedSurrogate => DeadLetterReason::UnpairedSurrogate,
+        }),
         Body::Text(line) if line.contains('\0') => Some(DeadLetterReason::ContainsNul),
         Body::Text(_) => None,
     };
@@ -398,44 +401,6 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
 
 fn dead(origin: Origin, reason: DeadLetterReason, error: String, payload: Option<&[u8]>) -> Parsed {
     Parsed::Dead(DeadLetter::new(origin, reason, &error, payload.map(<[u8]>::to_vec)))
-}
-
-/// Whether JSON text `record` holds an escape PostgreSQL cannot take: `\u0000` (text refuses
-/// U+0000, and derived text columns would carry it; `json` stores it, but `->>` fails on it) or
-/// an unpaired surrogate (`\uD800`–`\uDBFF` not followed by `\uDC00`–`\uDFFF`, or the latter
-/// alone: `json` stores it, then every JSON function reaching the row fails). A byte scan, not a
-/// tree: it judges a record nested deeper than serde_json builds (whose derived fields are read
-/// all the same), and builds nothing. In JSON text a backslash only ever starts an escape inside
-/// a string, so each is checked and skipped with what it escapes (`\\u0000` is a backslash
-/// and text).
-fn unstorable_escape(record: &str) -> Option<DeadLetterReason> {
-    let bytes = record.as_bytes();
-    let mut at = 0;
-    while let Some(found) = bytes.get(at..).and_then(|rest| memchr::memchr(b'\\', rest)) {
-        let escape = at + found;
-        at = escape + 2;
-        let Some(unit) = utf16_escape(bytes, escape) else { continue };
-        match unit {
-            0 => return Some(DeadLetterReason::ContainsNul),
-            0xD800..=0xDBFF => match utf16_escape(bytes, escape + 6) {
-                Some(0xDC00..=0xDFFF) => at = escape + 12,
-                _ => return Some(DeadLetterReason::UnpairedSurrogate),
-            },
-            0xDC00..=0xDFFF => return Some(DeadLetterReason::UnpairedSurrogate),
-            _ => at = escape + 6,
-        }
-    }
-    None
-}
-
-/// The code unit of a `\uXXXX` escape starting at `at`, if one does.
-fn utf16_escape(bytes: &[u8], at: usize) -> Option<u16> {
-    let escape = bytes.get(at..at + 6)?;
-    if !escape.starts_with(b"\\u") {
-        return None;
-    }
-    let hex = std::str::from_utf8(&escape[2..]).ok()?;
-    u16::from_str_radix(hex, 16).ok()
 }
 
 /// Every name a derived column is read from.

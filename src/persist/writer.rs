@@ -289,23 +289,32 @@ impl Writer {
             };
             written.duplicates = rows.len() as u64 - written.inserted;
         }
-        for letter in dead {
-            let stored = transaction
-                .execute(
+        if !dead.is_empty() {
+            // One statement for the batch's dead letters (a buggy app's records can make many):
+            // each one was an INSERT and a round trip of its own.
+            let topics: Vec<&str> = dead.iter().map(|letter| letter.origin.topic.as_str()).collect();
+            let partitions: Vec<i32> = dead.iter().map(|letter| letter.origin.partition).collect();
+            let offsets: Vec<i64> = dead.iter().map(|letter| letter.origin.offset).collect();
+            let reasons: Vec<&str> = dead.iter().map(|letter| letter.reason.as_str()).collect();
+            let errors: Vec<&str> = dead.iter().map(|letter| letter.error.as_str()).collect();
+            let payloads: Vec<Option<&[u8]>> = dead.iter().map(|letter| letter.payload.as_deref()).collect();
+            let inserted = transaction
+                .query(
                     "INSERT INTO dead_letters (kafka_topic, kafka_partition, kafka_offset, reason, error, payload) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-                    &[
-                        &letter.origin.topic,
-                        &letter.origin.partition,
-                        &letter.origin.offset,
-                        &letter.reason.as_str(),
-                        &letter.error,
-                        &letter.payload,
-                    ],
+                     SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[], $4::text[], $5::text[], $6::bytea[]) \
+                     ON CONFLICT DO NOTHING RETURNING kafka_topic, kafka_partition, kafka_offset",
+                    &[&topics, &partitions, &offsets, &reasons, &errors, &payloads],
                 )
                 .await
                 .map_err(PersistError::Postgres)?;
-            written.dead_letters_stored.push(stored > 0);
+            let stored: std::collections::HashSet<(String, i32, i64)> =
+                inserted.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+            written.dead_letters_stored = dead
+                .iter()
+                .map(|letter| {
+                    stored.contains(&(letter.origin.topic.clone(), letter.origin.partition, letter.origin.offset))
+                })
+                .collect();
         }
         transaction.commit().await.map_err(PersistError::Postgres)?;
         debug!(inserted = written.inserted, duplicates = written.duplicates, "batch committed");

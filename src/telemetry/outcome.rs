@@ -23,8 +23,12 @@ pub enum Rejected {
     InvalidUtf8,
     /// An empty record.
     Empty,
-    /// Contains a NUL byte (PostgreSQL text cannot hold U+0000).
+    /// Contains a NUL byte, or in a JSON record its escape `\u0000` (PostgreSQL text cannot
+    /// hold U+0000).
     ContainsNul,
+    /// A JSON record with a `\uD800`–`\uDFFF` escape that is not half of a pair (every JSON
+    /// query reaching its row would fail).
+    UnpairedSurrogate,
     /// JSON nested deeper than `ingest.max_json_depth`.
     TooDeep,
     /// Not a valid frame or message of the listener's protocol.
@@ -39,11 +43,12 @@ pub enum Rejected {
 
 impl Rejected {
     /// Every reason, for creating the series at zero.
-    pub const ALL: [Rejected; 8] = [
+    pub const ALL: [Rejected; 9] = [
         Rejected::TooLarge,
         Rejected::InvalidUtf8,
         Rejected::Empty,
         Rejected::ContainsNul,
+        Rejected::UnpairedSurrogate,
         Rejected::TooDeep,
         Rejected::Malformed,
         Rejected::RateLimited,
@@ -57,6 +62,7 @@ impl Rejected {
             Rejected::InvalidUtf8 => "invalid_utf8",
             Rejected::Empty => "empty",
             Rejected::ContainsNul => "contains_nul",
+            Rejected::UnpairedSurrogate => "unpaired_surrogate",
             Rejected::TooDeep => "too_deep",
             Rejected::Malformed => "malformed",
             Rejected::RateLimited => "rate_limited",

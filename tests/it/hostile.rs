@@ -37,7 +37,16 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
     let ok_depth = format!("{{\"a\":{}1{}}}", "[".repeat(7), "]".repeat(7));
     send_lines(
         &config.socket(),
-        &[b"nul \0 byte".to_vec(), deep.into_bytes(), ok_depth.clone().into_bytes(), b"\xc3\x28".to_vec()],
+        &[
+            b"nul \0 byte".to_vec(),
+            deep.into_bytes(),
+            ok_depth.clone().into_bytes(),
+            b"\xc3\x28".to_vec(),
+            // Issue 30, item 11: the escapes PostgreSQL cannot store, as Go and JavaScript write
+            // them, refused here rather than dead letters downstream.
+            br#"{"msg":"nul \u0000 escaped"}"#.to_vec(),
+            br#"{"msg":"half an emoji \ud83d"}"#.to_vec(),
+        ],
     )
     .await;
     neighbour.write_all(b"neighbour 2\n").await.expect("write");
@@ -45,8 +54,9 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
 
     until_rows(db, 3).await;
     let rejected = |reason| ("reason", reason);
-    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &[rejected("contains_nul")], 1.0).await;
+    until_metric(config.agent_admin(), telemetry::INGEST_REJECTED, &[rejected("contains_nul")], 2.0).await;
     let metrics = scrape(config.agent_admin()).await;
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("unpaired_surrogate")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("too_deep")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("invalid_utf8")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 3.0);

@@ -72,6 +72,42 @@ async fn a_poison_envelope_whose_error_echoes_a_nul_becomes_a_dead_letter_and_th
     assert_eq!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]), 0.0, "nothing was retried");
 }
 
+/// Issue 30, item 11 (cold review): each dead letter was an INSERT and a round trip of its own,
+/// so one buggy producer's messages slowed their partitions' lanes for every pod. A batch's dead
+/// letters are one statement; each is stored and counted once, also when the batch is read
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_dead_letters_of_one_batch_are_each_stored_and_counted_once() {
+    let (setup, mut persister, db) = persister(topic()).await;
+    let now = now_rfc3339();
+    let messages: Vec<Vec<u8>> = (0..500)
+        .map(|n| {
+            if n % 2 == 0 {
+                envelope(&format!("a-{n}"), &now, r#"{"msg":"nul \u0000"}"#)
+            } else {
+                envelope(&format!("a-{n}"), &now, &format!(r#"{{"n":{n}}}"#))
+            }
+        })
+        .collect();
+    produce_to(&setup, &messages).await;
+    until_rows(&db, 250).await;
+    let letters = until("250 dead letters", || async {
+        let letters = dead_letters(&db).await;
+        if letters.len() == 250 { Ok(letters) } else { Err(format!("{} so far", letters.len())) }
+    })
+    .await;
+    assert!(letters.iter().all(|(offset, reason, _)| offset % 2 == 0 && reason == "contains_nul"), "{letters:?}");
+    until_metric(setup.config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &[("reason", "contains_nul")], 250.0)
+        .await;
+    // Read again from the start (offsets not committed: SIGKILL), nothing is stored twice.
+    persister.kill();
+    let again = setup.persister().await;
+    until_caught_up(&setup.config).await;
+    assert_eq!(dead_letters(&db).await.len(), 250);
+    assert_eq!(row_count(&db).await, 250);
+    drop(again);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_postgres_refuses_is_counted_as_lost_and_the_partition_moves_on() {
     let (setup, _persister, db) = persister(topic()).await;
