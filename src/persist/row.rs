@@ -253,10 +253,11 @@ pub enum Parsed {
     Dead(DeadLetter),
 }
 
-/// The ingest times a row may have when it is written: not older than what retention keeps (its
-/// day partition would be dropped, and the row with it, uncounted), not further ahead than the
-/// clock skew allows (a wrong clock would create partitions years ahead). Outside it a row
-/// becomes a dead letter with reason `expired` or `ingest_time_in_future`.
+/// The ingest times a row may have when it is written: not before the Unix epoch
+/// ([`Window::FLOOR`]), not older than what retention keeps (its day partition would be dropped,
+/// and the row with it, uncounted), not further ahead than the clock skew allows (a wrong clock
+/// would create partitions years ahead). Outside it a row becomes a dead letter with reason
+/// `ingest_time_before_epoch`, `expired` or `ingest_time_in_future`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     /// The oldest day kept (`None`: retention keeps everything).
@@ -266,8 +267,21 @@ pub struct Window {
 }
 
 impl Window {
+    /// The floor under every window, whatever retention keeps: the Unix epoch. An ingest time is
+    /// a Unix time the agent read from its clock; one before it is not a time but another
+    /// producer's bytes, and a year before 1 would name a day partition PostgreSQL refuses
+    /// (`logs_-00010101`, 42601): with `retention_days = 0` the batch was retried for ever and the
+    /// partition wedged, then the next replica.
+    pub const FLOOR: DateTime<Utc> = DateTime::UNIX_EPOCH;
+
     /// Why `row` may not be written now, if it may not: the dead-letter reason and its text.
     pub fn refuses(&self, row: &Row) -> Option<(DeadLetterReason, String)> {
+        if row.ingest_time < Self::FLOOR {
+            return Some((
+                DeadLetterReason::IngestTimeBeforeEpoch,
+                format!("ingest_time {} is before the Unix epoch (1970-01-01): not an agent's clock", row.ingest_time),
+            ));
+        }
         if let Some(oldest) = self.oldest_day
             && row.ingest_time.date_naive() < oldest
         {

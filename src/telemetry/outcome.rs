@@ -274,6 +274,9 @@ pub enum DeadLetterReason {
     Expired,
     /// Its ingest time is further ahead of this clock than `max_clock_skew` allows.
     IngestTimeInFuture,
+    /// Its ingest time is before the Unix epoch: no agent's clock, and no day partition is made
+    /// for it.
+    IngestTimeBeforeEpoch,
     /// A JSON record holding a `\uD800`–`\uDFFF` escape that is not half of a pair: `json`
     /// would store it, and every JSON query reaching the row would then fail.
     UnpairedSurrogate,
@@ -281,7 +284,7 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// Every reason (docs/METRICS.md lists the same).
-    pub const ALL: [DeadLetterReason; 9] = [
+    pub const ALL: [DeadLetterReason; 10] = [
         DeadLetterReason::MalformedEnvelope,
         DeadLetterReason::UnsupportedVersion,
         DeadLetterReason::MissingMessage,
@@ -290,6 +293,7 @@ impl DeadLetterReason {
         DeadLetterReason::EmptyMessage,
         DeadLetterReason::Expired,
         DeadLetterReason::IngestTimeInFuture,
+        DeadLetterReason::IngestTimeBeforeEpoch,
         DeadLetterReason::UnpairedSurrogate,
     ];
 
@@ -304,6 +308,7 @@ impl DeadLetterReason {
             DeadLetterReason::EmptyMessage => "empty_message",
             DeadLetterReason::Expired => "expired",
             DeadLetterReason::IngestTimeInFuture => "ingest_time_in_future",
+            DeadLetterReason::IngestTimeBeforeEpoch => "ingest_time_before_epoch",
             DeadLetterReason::UnpairedSurrogate => "unpaired_surrogate",
         }
     }

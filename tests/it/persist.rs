@@ -127,6 +127,33 @@ async fn a_dead_letter_postgres_refuses_is_counted_as_lost_and_the_partition_mov
     assert_eq!(metrics.count(telemetry::PERSIST_LOST, &[("reason", "dead_letter_rejected")]), 1.0);
 }
 
+/// Issue 30, item 12 (cold review): a binary envelope with a negative year (another producer on
+/// the topic) under `retention_days = 0` made the persister create `logs_-00010101`, which
+/// PostgreSQL refuses (42601): retried for ever, the partition wedged — and then the next
+/// replica it moved to. The window has a floor, the Unix epoch; below it is a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_time_before_the_epoch_is_a_dead_letter_and_the_partition_moves_on() {
+    let (setup, _persister, db) = persister(topic().set("persist", "retention_days", 0)).await;
+    let before_year_one = chrono::DateTime::from_timestamp_micros(-62_200_000_000_000_000).expect("a time");
+    let writer = sluice::envelope::EnvelopeWriter::with_instance(
+        &sluice::envelope::PodMetadata::default(),
+        uuid::Uuid::now_v7(),
+        sluice::config::EnvelopeKind::Binary,
+    );
+    let mut ancient = bytes::BytesMut::new();
+    writer.write("from year -1", &sluice::envelope::PeerFragment::new(None), before_year_one, &mut ancient);
+    let now = now_rfc3339();
+    produce_to(&setup, &[envelope("e-1", &now, "{}"), ancient.to_vec(), envelope("e-3", &now, "{}")]).await;
+
+    until_caught_up(&setup.config).await;
+    assert_eq!(stored_keys(&db).await, keys(&["e-1", "e-3"]));
+    let letters = dead_letters(&db).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!((letters[0].0, letters[0].1.as_str()), (1, "ingest_time_before_epoch"));
+    let metrics = scrape(setup.config.persist_admin()).await;
+    assert_eq!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]), 0.0, "nothing was retried");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_time_far_in_the_future_is_a_dead_letter_and_creates_no_partition() {
     let (setup, _persister, db) = persister(topic()).await;

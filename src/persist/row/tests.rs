@@ -290,6 +290,12 @@ fn the_window_refuses_rows_older_than_retention_and_further_ahead_than_the_skew(
     let earlier = Window { latest: latest("2026-11-30T01:02:02Z"), ..window };
     assert_eq!(earlier.refuses(&row).map(|(reason, _)| reason), Some(DeadLetterReason::IngestTimeInFuture));
     assert_eq!(Window { oldest_day: None, ..window }.refuses(&row), None, "retention 0 keeps everything");
+    // Issue 30, item 12: even then, not what no agent's clock reads (a negative year names a
+    // partition PostgreSQL refuses).
+    let mut ancient = row.clone();
+    ancient.ingest_time = DateTime::from_timestamp_micros(-62_200_000_000_000_000).expect("year -1");
+    let kept_forever = Window { oldest_day: None, ..window };
+    assert_eq!(kept_forever.refuses(&ancient).map(|(reason, _)| reason), Some(DeadLetterReason::IngestTimeBeforeEpoch));
 }
 
 /// The same record written by an agent in each encoding.
