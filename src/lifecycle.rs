@@ -152,6 +152,25 @@ pub fn fail_point(point: &str) {
 #[inline(always)]
 pub fn fail_point(_point: &str) {}
 
+/// A test's way to make the calling thread stop for good where a real one can (a librdkafka call
+/// whose broker thread is stuck in DNS or a connect): in debug builds, when `SLUICE_FAIL_POINT`
+/// names `stall:<point>`, the thread sleeps for ever. Compiled out of release builds.
+#[cfg(debug_assertions)]
+pub fn fail_point_stall(point: &str) {
+    if std::env::var("SLUICE_FAIL_POINT").is_ok_and(|named| named.strip_prefix("stall:") == Some(point)) {
+        loop {
+            // Called only on threads that may block (librdkafka's, the blocking pool's).
+            #[expect(clippy::disallowed_methods, reason = "a stalled blocking call is the point")]
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+/// See the debug build's `fail_point_stall`: nothing in a release build.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn fail_point_stall(_point: &str) {}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

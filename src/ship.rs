@@ -210,18 +210,22 @@ pub fn check_producer(config: &Config) -> Result<(), ProducerRefused> {
 
 type Producer_ = polled::Polled;
 
-/// Retires a producer that is no longer the shipper's: lets it deliver for up to `flush`, then
-/// purges what it still holds (queued and in flight) and waits for every delivery report before
-/// letting it go. rdkafka's own drop flushes for only 500 ms after its purge: reports not served
-/// in that time were lost with their leases and records. Blocking: run it on the blocking pool.
+/// Retires a producer that is no longer the shipper's: lets it deliver for up to `flush` (less if
+/// `hurry` is cancelled: the drain has stopped sending), then purges what it still holds (queued
+/// and in flight) and waits for every delivery report before letting it go. rdkafka's own drop
+/// flushes for only 500 ms after its purge: reports not served in that time were lost with their
+/// leases and records. Blocking: run it on the blocking pool.
 ///
-/// The wait has no deadline because a purge makes librdkafka fail every message at once; it
-/// says every `RETIRE_REPORT_EVERY` how many it still waits for.
-fn retire(old: Arc<Producer_>, flush: Duration) {
+/// The wait has no deadline of its own because a purge makes librdkafka fail every message at
+/// once; it says every `RETIRE_REPORT_EVERY` how many it still waits for. (A broker thread stuck
+/// in DNS or a connect can hold it: the drain stops waiting at its deadline, `Shipper::close`.)
+fn retire(old: Arc<Producer_>, flush: Duration, hurry: &CancellationToken) {
     use rdkafka::producer::PurgeConfig;
-    if !flush.is_zero() {
-        let _ = old.flush(flush);
+    let flushing = std::time::Instant::now();
+    while flushing.elapsed() < flush && !hurry.is_cancelled() && old.in_flight_count() > 0 {
+        let _ = old.flush(RETIRE_FLUSH_SLICE.min(flush.saturating_sub(flushing.elapsed())));
     }
+    crate::lifecycle::fail_point_stall("purge");
     old.purge(PurgeConfig::default().queue().inflight());
     let started = std::time::Instant::now();
     let mut next_report = RETIRE_REPORT_EVERY;
@@ -236,6 +240,26 @@ fn retire(old: Arc<Producer_>, flush: Duration) {
     // Reported, and perhaps still queued for the settling thread: settled before it is gone.
     old.context().settler.settle_now();
     drop(old);
+}
+
+/// How long one `flush` of a producer being retired lasts, so the drain's stop is seen within it.
+const RETIRE_FLUSH_SLICE: Duration = Duration::from_millis(100);
+
+/// How long after the drain deadline the final close of the producer may still take (the purge
+/// and the delivery reports it makes, served at once) before the drain stops waiting for it and
+/// counts what it still holds: 2 s, inside the chart's grace period of the default drain (25 s
+/// of 30 s) with the final count.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// What closing the producer at the end of the drain left: records sent whose answer never came
+/// (`unconfirmed`, counted), and records librdkafka still held when the drain stopped waiting
+/// for it (`stuck`: a broker thread stuck in DNS or a connect; counted by the final count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// Counted `unconfirmed` by the producer's last purge.
+    pub unconfirmed: u64,
+    /// Still held by librdkafka (the current producer or one being retired) at the deadline.
+    pub stuck: u64,
 }
 
 /// The agent's producer and the task that feeds it.
@@ -259,6 +283,9 @@ pub struct Shipper {
     tasks: Tasks,
     /// Held by every producer's polling thread while it runs.
     polling: Arc<()>,
+    /// Producers being retired (on the blocking pool): the drain counts what they still hold if
+    /// their retirement does not end by its deadline.
+    retiring: std::sync::Mutex<Vec<Arc<Producer_>>>,
     /// Producers replaced after a fatal error in a row, none of which Kafka stored a record of
     /// (a producer fatal from birth: a missing ACL): each replacement waits longer.
     fatal_streak: std::sync::atomic::AtomicU32,
@@ -300,6 +327,7 @@ impl Shipper {
             reached_once: Arc::new(AtomicBool::new(false)),
             tasks,
             polling,
+            retiring: std::sync::Mutex::new(Vec::new()),
             fatal_streak: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -395,11 +423,19 @@ impl Shipper {
         } else {
             info!("kafka producer replaced with new settings");
         }
-        // A fatal producer can deliver nothing more: purge it at once.
+        // A fatal producer can deliver nothing more: purge it at once. One with old settings
+        // delivers what it holds, until the drain stops sending.
         let flush = if fatal { Duration::ZERO } else { self.reconfigure_flush };
-        if tokio::task::spawn_blocking(move || retire(old, flush)).await.is_err() {
+        self.retiring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(old.clone());
+        let hurry = stop.clone();
+        let retiring = old.clone();
+        if tokio::task::spawn_blocking(move || retire(retiring, flush, &hurry)).await.is_err() {
             error!("retiring the old kafka producer did not run to its end");
         }
+        self.retiring
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|producer| !Arc::ptr_eq(producer, &old));
     }
 
     fn must_recreate(&self) -> bool {
@@ -551,17 +587,25 @@ impl Shipper {
 
     /// The end of the drain, once the shipper's task has stopped: what librdkafka has not sent
     /// yet is purged (never stored, it comes back to the buffer); the answers to what it has sent
-    /// are awaited until `answers_until`; then what is still unanswered is purged too and
-    /// counted [`Failed::Unconfirmed`] (with a disk buffer it stays in the spool), and every
-    /// delivery report is served (`retire`). After this no report can come, so the final count
-    /// of what is undelivered stays true: a record is never both stored and counted lost, unless
-    /// an earlier, replaced producer sent it too (see ARCHITECTURE.md). Returns the records
-    /// counted unconfirmed.
-    pub async fn close(&self, answers_until: tokio::time::Instant) -> u64 {
+    /// are awaited until `deadline`; then what is still unanswered is purged too and counted
+    /// [`Failed::Unconfirmed`] (with a disk buffer it stays in the spool), and every delivery
+    /// report is served (`retire`). After this no report can come, so the final count of what is
+    /// undelivered stays true: a record is never both stored and counted lost, unless an earlier,
+    /// replaced producer sent it too (see ARCHITECTURE.md).
+    ///
+    /// Bounded: a purge waits for every broker thread, and one stuck in DNS or a connect would
+    /// hold the drain past the pod's grace period, so the kubelet's SIGKILL came before the final
+    /// count. At `deadline` + [`CLOSE_GRACE`] the drain stops waiting: what librdkafka still
+    /// holds (in this producer and in any being retired) is returned as `stuck` for the final
+    /// count, and a report that comes later is let go uncounted.
+    pub async fn close(&self, deadline: tokio::time::Instant) -> Closed {
         use rdkafka::producer::PurgeConfig;
         let producer = self.producer();
-        let answers_until = answers_until.into_std();
+        let answers_until = deadline.into_std();
+        let closing = producer.clone();
         let closed = tokio::task::spawn_blocking(move || {
+            let producer = closing;
+            crate::lifecycle::fail_point_stall("purge");
             producer.purge(PurgeConfig::default().queue());
             let in_flight = producer.in_flight_count();
             if in_flight > 0 {
@@ -569,25 +613,48 @@ impl Shipper {
                 let _ = producer.flush(answers_until.saturating_duration_since(std::time::Instant::now()));
             }
             producer.context().last_purge.store(true, Ordering::Relaxed);
-            retire(producer.clone(), Duration::ZERO);
+            retire(producer.clone(), Duration::ZERO, &CancellationToken::new());
             producer.context().unconfirmed.load(Ordering::Relaxed)
-        })
-        .await;
-        match closed {
-            Ok(unconfirmed) => {
-                if unconfirmed > 0 {
-                    error!(
-                        unconfirmed,
-                        "records sent to kafka got no answer before the drain deadline: stored or not, nobody can tell; counted as unconfirmed"
-                    );
-                }
-                unconfirmed
-            }
-            Err(_) => {
+        });
+        let unconfirmed = match tokio::time::timeout_at(deadline + CLOSE_GRACE, closed).await {
+            Ok(Ok(unconfirmed)) => unconfirmed,
+            Ok(Err(_)) => {
                 error!("closing the kafka producer did not run to its end");
                 0
             }
+            Err(_) => return self.stop_waiting(&producer),
+        };
+        // Producers still being retired (the shipper's task stopped waiting for one).
+        let retiring = self.retiring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if retiring.iter().any(|old| old.in_flight_count() > 0) {
+            let stuck = self.stop_waiting(&producer);
+            return Closed { unconfirmed, stuck: stuck.stuck };
         }
+        if unconfirmed > 0 {
+            error!(
+                unconfirmed,
+                "records sent to kafka got no answer before the drain deadline: stored or not, nobody can tell; counted as unconfirmed"
+            );
+        }
+        Closed { unconfirmed, stuck: 0 }
+    }
+
+    /// The drain stops waiting for librdkafka (`close`): what the current producer and any being
+    /// retired still hold is returned as stuck, and reports that come later are let go.
+    fn stop_waiting(&self, current: &Arc<Producer_>) -> Closed {
+        let retiring = self.retiring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let mut stuck = 0u64;
+        for producer in std::iter::once(current).chain(retiring.iter()) {
+            producer.context().given_up.store(true, Ordering::Relaxed);
+            stuck += producer.in_flight_count().max(0) as u64;
+        }
+        let unconfirmed = current.context().unconfirmed.load(Ordering::Relaxed);
+        error!(
+            stuck,
+            grace_seconds = CLOSE_GRACE.as_secs(),
+            "closing the kafka producer did not end by the drain deadline (a broker thread stuck in DNS or a connect?); what it still holds is counted now"
+        );
+        Closed { unconfirmed, stuck }
     }
 }
 

@@ -44,6 +44,9 @@ pub struct ShipContext {
     /// Kafka stored a record this producer sent: it worked once. A fatal producer that never did
     /// (refused at birth) is replaced only after a backoff.
     pub(super) delivered_any: AtomicBool,
+    /// The drain stopped waiting for this producer (its close did not end by the deadline): the
+    /// records it still held are counted already, so a report that comes later changes nothing.
+    pub(super) given_up: AtomicBool,
 }
 
 impl ClientContext for ShipContext {
@@ -84,6 +87,7 @@ impl ShipContext {
             last_purge: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
             delivered_any: AtomicBool::new(false),
+            given_up: AtomicBool::new(false),
         }
     }
 
@@ -147,6 +151,10 @@ impl ProducerContext for ShipContext {
 
     /// Runs on the producer's polling thread, never on a reader task.
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
+        if self.given_up.load(Ordering::Relaxed) {
+            // Counted when the drain stopped waiting (`Shipper::close`): let go, not counted again.
+            return;
+        }
         let (report, possibly_persisted) = match result {
             Ok(message) => (Ok(message.payload_len()), false),
             Err((error, message)) => {

@@ -401,6 +401,38 @@ async fn an_acknowledged_writer_hears_nak_truncated_for_the_record_the_drain_cut
     assert!(status.success(), "{status:?}");
 }
 
+/// Issue 30, item 13 (cold review): the drain's last step had no deadline of its own — librdkafka's
+/// purge waits for every broker thread, and `retire` for every report — so a broker thread stuck
+/// in DNS or a connect held the drain past the pod's grace period, and the kubelet's SIGKILL came
+/// before the final count. The close is bounded by the deadline (+ `CLOSE_GRACE`) and what
+/// librdkafka still holds is counted `unconfirmed`. A stuck purge cannot be made on demand here:
+/// the fail point `stall:purge` stops the purge's thread for good where the stuck broker thread
+/// would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_librdkafka_never_finishes_ends_at_the_drain_deadline_and_counts_what_it_held() {
+    let setup = Scenario::new("stuckclose")
+        .set("agent", "drain_timeout", "2s")
+        // Records wait in librdkafka's queue past the drain's sending time.
+        .set("ship", "linger", "30s")
+        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "stall:purge".into())))
+        .build()
+        .await;
+    let mut agent = setup.agent().await;
+    let lines: Vec<Vec<u8>> = (0..5).map(|n| format!("held by librdkafka {n}").into_bytes()).collect();
+    send_lines(&setup.config.socket(), &lines).await;
+    until_metric(setup.config.agent_admin(), telemetry::INGEST_RECORDS, &[], 5.0).await;
+    let signalled = std::time::Instant::now();
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status:?}\n{}", agent.log_text());
+    assert!(took < Duration::from_secs(8), "the drain (2 s) and its close's grace (2 s) bound the exit: {took:?}");
+    let log = agent.log_text();
+    let (lost, abandoned, in_spool, unconfirmed) = drain_report(&log);
+    assert_eq!((lost, abandoned, in_spool, unconfirmed), (0, 0, 0, 5), "{log}");
+    assert!(log.contains("did not end by the drain deadline"), "{log}");
+}
+
 /// Found by the cold review (issue 12): a datagram listener drained its socket's queue until it
 /// was empty, and a writer that keeps sending (a datagram sender blocks while the queue is full,
 /// so it is never empty while the listener waits, here for its rate limit) held the drain, and
