@@ -144,6 +144,11 @@ pub fn render(first: &Scrape, second: &Scrape, elapsed: Duration, ready: &str) -
             behind,
             second.sum(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]),
         );
+        let _ = writeln!(
+            out,
+            "postgres  {}",
+            if second.sum(telemetry::PERSIST_POSTGRES_REACHABLE, &[]) > 0.0 { "reachable" } else { "UNREACHABLE" }
+        );
         let _ = writeln!(out, "dead      {}", reasons(telemetry::PERSIST_DEAD_LETTERS));
     }
     let _ = writeln!(
@@ -210,9 +215,11 @@ sluice_build_info{version="0.1.0",git_sha="abc",role="persist"} 1
 sluice_persist_lag_records{partition="0"} 5
 sluice_persist_lag_records{partition="1"} 7
 sluice_persist_lag_seconds{partition="1"} 3.5
+sluice_persist_postgres_reachable 0
 "#;
         let scrape = Scrape::parse(text);
-        let view = render(&scrape, &scrape, Duration::from_secs(1), "ready");
+        let view = render(&scrape, &scrape, Duration::from_secs(1), "ready (postgres unreachable, retrying)");
         assert!(view.contains("lag       12 records (p0 5, p1 7)   3.5 s behind"), "{view}");
+        assert!(view.contains("postgres  UNREACHABLE"), "{view}");
     }
 }
