@@ -42,9 +42,11 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     let (config, db) = (&pipeline.config, &pipeline.db);
     let lines: Vec<Vec<u8>> = (0..500).map(|n| numbered("observe", n).into_bytes()).collect();
     send_lines(&config.socket(), &lines).await;
-    // A dead letter and a rejection, so those series carry values too.
-    // (An escaped U+0000 is valid JSON the agent passes on; PostgreSQL cannot store it.)
+    // Rejections and a dead letter, so those series carry values too: the agent refuses an
+    // escaped U+0000 and a byte that is not UTF-8; another producer's message that is no envelope
+    // is a dead letter.
     send_lines(&config.socket(), &[br#"{"nul":"\u0000 here"}"#.to_vec(), vec![0xff]]).await;
+    produce(&services().kafka, &pipeline.topic, &[b"not an envelope".to_vec()]).await;
     until_rows(db, 500).await;
     // librdkafka's statistics arrive every 5 seconds.
     let (agent, persister) = until("statistics in both scrapes", || async {
@@ -95,11 +97,17 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
     assert!(stale.is_empty(), "docs/METRICS.md names metrics no scrape exposes: {stale:?}");
 
     // Plausible values, not just names.
-    assert_eq!(agent.count(telemetry::INGEST_RECORDS, &[]), 501.0);
-    assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 501.0);
-    assert_eq!(agent.count(&format!("{}_count", telemetry::SHIP_DELIVERY_LATENCY), &[]), 501.0);
+    assert_eq!(agent.count(telemetry::INGEST_RECORDS, &[]), 500.0);
+    assert_eq!(agent.count(telemetry::INGEST_REJECTED, &[("reason", "contains_nul")]), 1.0);
+    assert_eq!(agent.count(telemetry::SHIP_DELIVERED, &[]), 500.0);
+    assert_eq!(agent.count(&format!("{}_count", telemetry::SHIP_DELIVERY_LATENCY), &[]), 500.0);
     assert!(agent.count(telemetry::SPOOL_CAPACITY_BYTES, &[]) > 0.0);
-    assert_eq!(persister.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "contains_nul")]), 1.0);
+    let dead = until_scrape(config.persist_admin(), "the dead letter counted", |metrics| {
+        metrics.count(telemetry::PERSIST_DEAD_LETTERS, &[("reason", "malformed_envelope")]) == 1.0
+    })
+    .await;
+    assert_eq!(dead.count(telemetry::PERSIST_DEAD_LETTERS, &[]), 1.0);
+    let _ = persister;
     let build =
         agent.0.lines().find(|line| line.starts_with(&format!("{}{{", telemetry::BUILD_INFO))).expect("build info");
     assert!(build.contains("role=\"agent\"") && build.contains("git_sha=\""), "{build}");
