@@ -251,11 +251,12 @@ pub async fn run(
     }
     stages.abandon();
     stages.ship.cancel();
-    // The shipper's task ends at once, or once a producer it is replacing is retired: bounded by
-    // the deadline too (a retirement a stuck broker thread holds is counted by `close`).
+    // The shipper's task ends at once (it sends nothing after its stop), or once a producer it is
+    // replacing is retired: bounded (a retirement a stuck broker thread holds is counted by
+    // `close`, which has the rest of its grace).
     let shipped = tasks.join(ship_task);
-    if tokio::time::timeout_at(deadline + crate::ship::CLOSE_GRACE, shipped).await.is_err() {
-        error!("the shipper did not stop by the drain deadline; what its producers hold is counted now");
+    if tokio::time::timeout_at(Instant::now().max(deadline) + SHIPPER_STOP, shipped).await.is_err() {
+        tasks.fail("shipper", "did not stop by the drain deadline (a producer being replaced did not let go)");
     }
     // 5. After this no delivery report can come (or one is let go uncounted: the close is
     //    bounded too): every record is delivered, back in the buffer, or counted.
@@ -284,6 +285,11 @@ const ACK_WINDOW: u64 = 8192;
 fn ack_limit(config: &Config) -> usize {
     (config.buffer.max_records as usize / 4).max(ACK_WINDOW as usize)
 }
+
+/// How long the shipper's task may take to stop once told, at the deadline at the earliest: it
+/// stops within milliseconds unless a producer it is replacing cannot be let go (a broker thread
+/// stuck in DNS or a connect); within `ship::CLOSE_GRACE`, so the close still has a part of it.
+const SHIPPER_STOP: Duration = Duration::from_secs(1);
 
 /// How long connections may take to finish after the drain deadline told them to give up
 /// (every wait of theirs ends on it: this only guards against a bug).
@@ -321,7 +327,11 @@ pub(crate) fn account_closed(buffer: &Buffer, abandoned: u64, closed: crate::shi
     let (held, in_spool, stuck) = match buffer.spool() {
         // What librdkafka still holds of a disk buffer is spooled: it stays in the spool.
         Some(spool) => (buffer.queued_intake() as u64 + spool.orphaned(), spool.undelivered(), 0),
-        None => (buffer.held_records() as u64, 0, closed.stuck),
+        // librdkafka's count may include events that are no record: never more than is held.
+        None => {
+            let held = buffer.held_records() as u64;
+            (held, 0, closed.stuck.min(held.saturating_sub(maybe_stored)))
+        }
     };
     let lost = held.saturating_sub(maybe_stored + stuck);
     if maybe_stored + stuck > 0 {
@@ -331,11 +341,15 @@ pub(crate) fn account_closed(buffer: &Buffer, abandoned: u64, closed: crate::shi
         );
         Failed::Unconfirmed.count(maybe_stored + stuck);
     }
-    let unconfirmed = closed.unconfirmed + maybe_stored + stuck;
+    // Records the shipper left unsent once sending stopped are counted already (`Buffer::unsent`):
+    // in the report, not again on the counters.
+    let (unsent_lost, unsent_unconfirmed) = buffer.unsent_counts();
+    let unconfirmed = closed.unconfirmed + maybe_stored + stuck + unsent_unconfirmed;
     if lost > 0 {
         error!(lost, "records not acknowledged by kafka before the drain deadline are lost");
         Failed::DrainTimeout.count(lost);
     }
+    let lost = lost + unsent_lost;
     if in_spool > 0 {
         warn!(undelivered = in_spool, "records not yet acknowledged by kafka stay in the spool for the next start");
     }

@@ -264,6 +264,9 @@ struct Shared {
     /// Memory type: ingest times of held records, for the oldest-record age (the disk type asks
     /// its spool).
     ages: Ages,
+    /// Records only in memory the drain left unsent, counted already (`drain_timeout`,
+    /// `unconfirmed`): for the drain's report.
+    unsent: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
 }
 
 /// Counts of held records per second of ingest time: the oldest non-empty second is the age of
@@ -402,6 +405,7 @@ impl Buffer {
                 spool,
                 shipping: AtomicUsize::new(0),
                 ages: Ages::default(),
+                unsent: Default::default(),
             }),
         }
     }
@@ -611,6 +615,11 @@ impl Buffer {
             .flat_map(|queue| queue.iter())
             .filter(|record| record.maybe_stored && record.pos.is_none())
             .count()
+    }
+
+    /// Records only in memory the drain left unsent: counted `drain_timeout` and `unconfirmed`.
+    pub fn unsent_counts(&self) -> (u64, u64) {
+        (self.shared.unsent.0.load(Ordering::Relaxed), self.shared.unsent.1.load(Ordering::Relaxed))
     }
 
     /// Records waiting in memory for the spool or the producer.

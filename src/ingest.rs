@@ -141,15 +141,17 @@ pub fn read_pool(config: &IngestConfig) -> Arc<ReadPool> {
         room: Arc::new(Semaphore::new(units.max(largest.unwrap_or(0)) as usize)),
         waiting: std::sync::atomic::AtomicUsize::new(0),
         wanted: tokio::sync::Notify::new(),
+        last_cut: std::sync::Mutex::new(None),
     })
 }
 
 /// The room connections share to hold long records unread (in [`connection::READ_UNIT`]s), and
-/// who waits for it. A connection that holds room for a record its writer does not finish within
-/// [`connection::PARTIAL_RECORD_HOLD`] gives it back, counting the record `truncated` and closing,
-/// once another connection waits: eight writers each holding an unfinished 1 MiB line would
-/// otherwise make every other connection's records over ~16 KiB wait until they idle out
-/// (`idle_timeout`, 10 minutes by default).
+/// who waits for it. A connection that holds room for a record whose bytes stopped coming for
+/// [`connection::PARTIAL_RECORD_HOLD`] gives the record up (counted `truncated`, the rest of it
+/// skipped as it arrives, the connection read on) and its room back, once another connection
+/// waits — one connection per [`CUT_SPACING`]: eight writers each holding an unfinished 1 MiB
+/// line would otherwise make every other connection's records over ~16 KiB wait until they idle
+/// out (`idle_timeout`, 10 minutes by default).
 pub struct ReadPool {
     /// The room.
     pub room: Arc<Semaphore>,
@@ -157,7 +159,14 @@ pub struct ReadPool {
     waiting: std::sync::atomic::AtomicUsize,
     /// Signalled when a connection starts waiting.
     wanted: tokio::sync::Notify,
+    /// When a connection last gave its room back for a waiter: the next may only after
+    /// [`CUT_SPACING`], so one waiter costs one partial record, not every holder's at once.
+    last_cut: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// Least time between two connections giving their room back for waiters ([`ReadPool`]): room
+/// given back reaches a waiter in microseconds; one still waiting after this needs more.
+pub const CUT_SPACING: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl ReadPool {
     /// Whether a connection waits for room now.
@@ -174,6 +183,18 @@ impl ReadPool {
             }
             wanted.await;
         }
+    }
+
+    /// Whether the caller may give its room back for a waiter now (and so claims the turn):
+    /// someone waits, and no other connection did so within [`CUT_SPACING`].
+    pub fn claim_cut(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut last = self.last_cut.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !self.wanted() || last.is_some_and(|at| now.duration_since(at) < CUT_SPACING) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// A connection waits for room until the guard is dropped.

@@ -465,7 +465,10 @@ impl Shipper {
         let mut reader = self.buffer.spool().map(|spool| spool.reader());
         let mut prefer_backlog = true;
         loop {
-            if self.must_recreate() {
+            // A reload that comes as the drain stops sending waits for the next start: a new
+            // producer now would only purge what the old one still waits to hear of.
+            let fatal = self.producer().context().fatal.load(Ordering::Relaxed);
+            if self.must_recreate() && (fatal || !stop.is_cancelled()) {
                 self.recreate(&stop).await;
             }
             let work = tokio::select! {
@@ -484,7 +487,7 @@ impl Shipper {
                         tokio::time::sleep(Duration::from_millis(100 * u64::from(retries.min(10)))).await;
                     }
                     for record in batch.drain(..) {
-                        self.send(record, &stop).await;
+                        self.send_or_leave(record, &stop).await;
                     }
                 }
                 Work::Backlog { from, upto } => {
@@ -515,9 +518,21 @@ impl Shipper {
         };
         let (reader, records, _rest) = self.buffer.next_backlog(reader, lease, from, upto).await;
         for record in records {
-            self.send(record, stop).await;
+            self.send_or_leave(record, stop).await;
         }
         reader
+    }
+
+    /// Sends `record`, unless sending has stopped (the drain): then it is left unsent (back to the
+    /// spool, or counted) — nothing is handed to Kafka after that, whose answer would come after
+    /// the final count.
+    async fn send_or_leave(&self, record: Record, stop: &CancellationToken) {
+        if stop.is_cancelled() {
+            let (_, _, in_flight) = InFlight::new(record);
+            self.buffer.unsent(*in_flight);
+            return;
+        }
+        self.send(record, stop).await;
     }
 
     async fn send(&self, record: Record, stop: &CancellationToken) {
@@ -542,6 +557,10 @@ impl Shipper {
                             return;
                         }
                         self.recreate(stop).await;
+                        if stop.is_cancelled() {
+                            self.buffer.unsent(*returned.delivery_opaque);
+                            return;
+                        }
                         producer = self.producer();
                         base = returned;
                         continue;
@@ -622,12 +641,12 @@ impl Shipper {
                 error!("closing the kafka producer did not run to its end");
                 0
             }
-            Err(_) => return self.stop_waiting(&producer),
+            Err(_) => return self.stop_waiting(&producer).await,
         };
         // Producers still being retired (the shipper's task stopped waiting for one).
         let retiring = self.retiring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if retiring.iter().any(|old| old.in_flight_count() > 0) {
-            let stuck = self.stop_waiting(&producer);
+            let stuck = self.stop_waiting(&producer).await;
             return Closed { unconfirmed, stuck: stuck.stuck };
         }
         if unconfirmed > 0 {
@@ -639,15 +658,33 @@ impl Shipper {
         Closed { unconfirmed, stuck: 0 }
     }
 
-    /// The drain stops waiting for librdkafka (`close`): what the current producer and any being
-    /// retired still hold is returned as stuck, and reports that come later are let go.
-    fn stop_waiting(&self, current: &Arc<Producer_>) -> Closed {
+    /// The drain stops waiting for librdkafka (`close`): later reports are let go uncounted
+    /// (`given_up`, once any report being served has finished), what the reports already served
+    /// brought is settled, and what the current producer and any being retired still hold is
+    /// returned as stuck (librdkafka's count may include a report in flight at that instant or an
+    /// event that is no record: over-counted as `unconfirmed`, never lost uncounted; the final
+    /// count caps it by what is held).
+    async fn stop_waiting(&self, current: &Arc<Producer_>) -> Closed {
         let retiring = self.retiring.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let mut stuck = 0u64;
-        for producer in std::iter::once(current).chain(retiring.iter()) {
-            producer.context().given_up.store(true, Ordering::Relaxed);
-            stuck += producer.in_flight_count().max(0) as u64;
+        let producers: Vec<Arc<Producer_>> = std::iter::once(current.clone()).chain(retiring).collect();
+        for producer in &producers {
+            producer.context().given_up.store(true, Ordering::SeqCst);
         }
+        let quiet = async {
+            while producers.iter().any(|producer| producer.context().serving.load(Ordering::SeqCst) > 0) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(1), quiet).await.is_err() {
+            warn!("a delivery report was still being served when the drain stopped waiting");
+        }
+        // Settled off the runtime's workers: settling may delete a spool file.
+        let settlers: Vec<_> = producers.iter().map(|producer| producer.context().settler.clone()).collect();
+        let settled = tokio::task::spawn_blocking(move || settlers.iter().for_each(|settler| settler.settle_now()));
+        if tokio::time::timeout(Duration::from_secs(1), settled).await.is_err() {
+            warn!("settling what kafka stored did not finish when the drain stopped waiting");
+        }
+        let stuck: u64 = producers.iter().map(|producer| producer.in_flight_count().max(0) as u64).sum();
         let unconfirmed = current.context().unconfirmed.load(Ordering::Relaxed);
         error!(
             stuck,

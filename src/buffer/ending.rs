@@ -154,6 +154,8 @@ impl Buffer {
                     );
                 }
                 reason.count(1);
+                let tally = if maybe_stored { &self.shared.unsent.1 } else { &self.shared.unsent.0 };
+                tally.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(ack) = ack {
                     ack.refused(reason);
                 }

@@ -54,10 +54,11 @@ pub const SMALL_READ: usize = 16 * 1024;
 /// The unit the shared read pool is counted in.
 pub const READ_UNIT: usize = 16 * 1024;
 
-/// How long a connection may hold read room for one record its writer does not finish, while
-/// another connection waits for room: then the record is counted `truncated` and the connection
-/// closed ([`super::ReadPool`]). A writer on a local socket sends a record of any allowed size in
-/// milliseconds; one that stops in the middle of a long record must not hold room others need.
+/// How long a connection may hold read room for a record whose bytes stopped coming, while
+/// another connection waits for room: then the record is given up, counted `truncated`, the rest
+/// of it skipped as it arrives and the room given back ([`super::ReadPool`]). A writer on a local
+/// socket sends a record of any allowed size in milliseconds; one that stops in the middle of a
+/// long record must not hold room others need.
 pub const PARTIAL_RECORD_HOLD: Duration = Duration::from_secs(5);
 
 /// The first line that switches a connection to acknowledged mode.
@@ -114,6 +115,7 @@ pub async fn serve(
     listener.metrics.open.increment(1.0);
     let paced = PacedStream::new(stream, listener.config.read_interval);
     let framer = Accounted::new(StreamFramer::new(&listener, ingest.max_json_depth), listener.clone());
+    let progress = framer.progress.clone();
     let mut frames = FramedRead::with_capacity(paced, framer, READ_CAPACITY);
     let mut room = ReadRoom::new(&ingest, listener.config.max_record_bytes());
     let limit_key =
@@ -171,13 +173,26 @@ pub async fn serve(
                     None => Some(frames.next().await),
                 }
             };
-            let overstayed = room.overstayed();
+            let overstayed = overstayed(&ingest.read_pool, &progress, tokio::time::Instant::now());
             tokio::select! {
                 biased;
                 _ = overstayed, if room.held() => {
-                    debug!("a partial record held read room others wait for; counted truncated, closing");
-                    cut_short = true;
-                    break;
+                    // Its bytes stopped coming while another connection waits for the room it
+                    // holds: the record is given up (the rest of it skipped as it arrives), the
+                    // room given back, and the connection reads on.
+                    let mut buffer = std::mem::take(frames.read_buffer_mut());
+                    let given_up = frames.decoder_mut().inner.give_up_partial(&mut buffer);
+                    *frames.read_buffer_mut() = buffer;
+                    room.release();
+                    frames.decoder_mut().allowed = SMALL_READ;
+                    frames.decoder_mut().report(0);
+                    *frames.read_buffer_mut() = BytesMut::with_capacity(READ_CAPACITY);
+                    if let Some(len) = given_up {
+                        debug!(len, "a partial record held read room another connection waits for; given up");
+                        let ack = replies.line_ack(&ingest).await;
+                        sink.reject(Rejected::Truncated, ack);
+                    }
+                    continue;
                 }
                 next = read => match next {
                     Some(next) => next,
@@ -309,7 +324,7 @@ pub async fn serve(
             let parts = frames.into_parts();
             (parts.read_buf, parts.codec)
         };
-        count_unread(framer, buffer, &mut sink, &replies, &ingest).await;
+        count_unread(framer, buffer, &mut sink, &replies, &ingest, &listener).await;
     } else {
         drop(frames);
     }
@@ -323,18 +338,31 @@ pub async fn serve(
 
 /// Counts what a connection that stops reading before its writer's end of stream still holds
 /// ([`Accounted::unread`]): a complete record it never offered (it waited for read room when
-/// the drain deadline came) is given up like every record waiting then (`drain_timeout`), an
-/// overlong one is `too_large`, the one its writer had not finished is `truncated` — refused to
-/// an acknowledged writer, which sends it again whole. Nothing it read goes uncounted.
+/// the drain deadline came) is given up like every record waiting then (`drain_timeout`; a
+/// Forward message, each of its events), an overlong one is `too_large`, the one its writer had
+/// not finished is `truncated` — refused to an acknowledged writer, which sends it again whole.
+/// Nothing it read goes uncounted.
 async fn count_unread(
     mut framer: Accounted<StreamFramer>,
     mut buffer: BytesMut,
     sink: &mut RecordSink<'_>,
     replies: &Replies,
     ingest: &IngestContext,
+    listener: &ListenerContext,
 ) {
+    let forward = matches!(framer.inner, StreamFramer::Forward(_));
     for frame in framer.unread(&mut buffer) {
         match frame {
+            Frame::Record(bytes) if forward => {
+                let limits = forward::Limits {
+                    max_record_size: listener.config.max_record_bytes(),
+                    max_json_depth: ingest.max_json_depth,
+                };
+                match forward::events(&bytes, limits) {
+                    Ok(events) => (0..events.len()).for_each(|_| sink.give_up()),
+                    Err(reason) => sink.reject(reason, None),
+                }
+            }
             Frame::Record(_) => sink.give_up(),
             Frame::TooLarge { .. } => sink.reject(Rejected::TooLarge, replies.line_ack(ingest).await),
             Frame::Truncated { .. } => sink.reject(Rejected::Truncated, replies.line_ack(ingest).await),
@@ -541,6 +569,15 @@ impl Unfinished for StreamFramer {
             StreamFramer::Forward(framer) => framer.unfinished(buf),
         }
     }
+
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64> {
+        match self {
+            StreamFramer::Lines(framer) => framer.give_up_partial(buf),
+            StreamFramer::Octets(framer) => framer.give_up_partial(buf),
+            StreamFramer::Syslog(framer) => framer.give_up_partial(buf),
+            StreamFramer::Forward(framer) => framer.give_up_partial(buf),
+        }
+    }
 }
 
 /// What the connection's reader gets: a frame, or word that the unread bytes have reached what
@@ -564,18 +601,69 @@ struct Accounted<D> {
     /// The agent shut the socket's read side: the end of the stream is its own, and a record the
     /// writer had not finished is [`Frame::Truncated`], not a record ([`Unfinished`]).
     cut: bool,
+    /// When the bytes held last changed (a read added some, a frame took some).
+    progress: Arc<Progress>,
+}
+
+/// When a connection's unread bytes last changed ([`overstayed`]): a record whose bytes still
+/// come is not held up by its writer.
+#[derive(Debug)]
+struct Progress {
+    epoch: tokio::time::Instant,
+    /// Milliseconds after `epoch`.
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self { epoch: tokio::time::Instant::now(), last_ms: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn now(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        self.epoch + Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl<D> Accounted<D> {
     fn new(inner: D, listener: Arc<ListenerContext>) -> Self {
-        Self { inner, listener, held: 0, allowed: SMALL_READ, cut: false }
+        Self { inner, listener, held: 0, allowed: SMALL_READ, cut: false, progress: Arc::new(Progress::new()) }
     }
 
     fn report(&mut self, now: usize) {
         if now != self.held {
             self.listener.buffered(now as i64 - self.held as i64);
             self.held = now;
+            self.progress.now();
         }
+    }
+}
+
+/// Ends when this connection should give up the record it holds read room for: its bytes have
+/// not changed for [`PARTIAL_RECORD_HOLD`] while it waited for its writer (counted from
+/// `waiting_since`, when it began waiting, or from its last byte — time spent waiting for the
+/// buffer, a rate limit or its acknowledgements does not count), another connection waits for
+/// room, and it is this connection's turn ([`super::ReadPool::claim_cut`]: one per
+/// [`super::CUT_SPACING`], so one waiter costs one record, not every holder's).
+async fn overstayed(pool: &super::ReadPool, progress: &Progress, waiting_since: tokio::time::Instant) {
+    loop {
+        let due = progress.last().max(waiting_since) + PARTIAL_RECORD_HOLD;
+        if tokio::time::Instant::now() < due {
+            tokio::time::sleep_until(due).await;
+            continue;
+        }
+        pool.until_wanted().await;
+        if progress.last().max(waiting_since) + PARTIAL_RECORD_HOLD > tokio::time::Instant::now() {
+            continue;
+        }
+        if pool.claim_cut() {
+            return;
+        }
+        tokio::time::sleep(super::CUT_SPACING).await;
     }
 }
 
@@ -646,25 +734,15 @@ struct ReadRoom {
     pool: Arc<super::ReadPool>,
     full: u32,
     held: Option<OwnedSemaphorePermit>,
-    /// When the room now held was first taken (for the record being read).
-    since: tokio::time::Instant,
 }
 
 impl ReadRoom {
     fn new(ingest: &IngestContext, max_record_size: usize) -> Self {
-        let since = tokio::time::Instant::now();
-        Self { pool: ingest.read_pool.clone(), full: read_units(max_record_size), held: None, since }
+        Self { pool: ingest.read_pool.clone(), full: read_units(max_record_size), held: None }
     }
 
     fn held(&self) -> bool {
         self.held.is_some()
-    }
-
-    /// Ends once the room held has been held for [`PARTIAL_RECORD_HOLD`] and another connection
-    /// waits for room (never while none is held: the caller only asks then).
-    async fn overstayed(&self) {
-        tokio::time::sleep_until(self.since + PARTIAL_RECORD_HOLD).await;
-        self.pool.until_wanted().await;
     }
 
     /// Unread bytes the connection may hold: with all a record can need, no more limit here
@@ -686,10 +764,7 @@ impl ReadRoom {
             match self.pool.room.clone().try_acquire_many_owned(wanted - have) {
                 Ok(more) => match &mut self.held {
                     Some(permit) => permit.merge(more),
-                    None => {
-                        self.held = Some(more);
-                        self.since = tokio::time::Instant::now();
-                    }
+                    None => self.held = Some(more),
                 },
                 Err(_) => {
                     self.held = None;
@@ -697,7 +772,6 @@ impl ReadRoom {
                     // The pool is never closed.
                     if let Ok(all) = self.pool.room.clone().acquire_many_owned(self.full).await {
                         self.held = Some(all);
-                        self.since = tokio::time::Instant::now();
                     }
                 }
             }

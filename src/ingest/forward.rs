@@ -45,6 +45,9 @@ pub struct ForwardFramer {
     discarded: Option<u64>,
     /// The stream could not be framed: everything after is thrown away.
     broken: bool,
+    /// The message being discarded was given up ([`Unfinished::give_up_partial`]) and counted
+    /// already: its end makes no frame.
+    silent: bool,
 }
 
 /// What a header says comes next.
@@ -66,6 +69,7 @@ impl ForwardFramer {
             skip: 0,
             discarded: None,
             broken: false,
+            silent: false,
         }
     }
 
@@ -80,6 +84,11 @@ impl ForwardFramer {
         }
         let len = std::mem::take(&mut self.pos);
         let frame = match self.discarded.take() {
+            Some(_) if std::mem::take(&mut self.silent) => {
+                // Given up and counted already: the next message follows.
+                buf.advance(len);
+                return None;
+            }
             Some(discarded) => {
                 buf.advance(len);
                 Frame::TooLarge { len: discarded + len as u64 }
@@ -109,6 +118,7 @@ impl ForwardFramer {
         self.open.clear();
         self.skip = 0;
         self.discarded = None;
+        self.silent = false;
         Frame::Broken(reason)
     }
 }
@@ -223,13 +233,27 @@ impl super::framing::Unfinished for ForwardFramer {
             buf.clear();
             return None;
         }
-        let (discarded, held, open) = (self.discarded, buf.len(), !self.open.is_empty());
+        let (discarded, held, open, silent) = (self.discarded, buf.len(), !self.open.is_empty(), self.silent);
         // Nothing more is framed after the agent's end of the stream.
         let _ = self.broken(buf, Rejected::Malformed);
         match discarded {
+            // A message given up is counted already.
+            Some(_) if silent => None,
             Some(dropped) => Some(Frame::TooLarge { len: dropped + held as u64 }),
             None if held > 0 || open => Some(Frame::Truncated { len: held as u64 }),
             None => None,
         }
+    }
+
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64> {
+        if self.broken || self.discarded.is_some() || (buf.is_empty() && self.open.is_empty() && self.skip == 0) {
+            return None;
+        }
+        // The message goes on being walked to its end, its bytes let go as they arrive.
+        let held = buf.len() as u64;
+        self.discarded = Some(0);
+        self.silent = true;
+        self.spill(buf);
+        Some(held)
     }
 }

@@ -51,6 +51,14 @@ pub trait Unfinished {
     /// After the framer has cut every complete record out of `buf`: what it still holds, if
     /// anything, as one frame; `buf` is emptied and the framer left with nothing more to frame.
     fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame>;
+
+    /// After the framer has cut every complete record out of `buf`, while the connection reads
+    /// on: the record in progress is given up (it held read room another connection waits for,
+    /// `connection::PARTIAL_RECORD_HOLD`) — its bytes so far are dropped, how many is returned to
+    /// count it `truncated`, and the rest of it is skipped as it arrives, silently, up to its
+    /// end; the records after it are read as ever. `None` when no record is in progress (or one
+    /// is being skipped as too large already).
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64>;
 }
 
 /// What `held` bytes of an unfinished record are.
@@ -67,12 +75,15 @@ pub struct LineFramer {
     scanned: usize,
     /// `Some(n)` while discarding an overlong record of which `n` bytes have been dropped.
     discarding: Option<u64>,
+    /// The record being discarded was given up ([`Unfinished::give_up_partial`]) and counted
+    /// already: its end makes no frame.
+    silent: bool,
 }
 
 impl LineFramer {
     /// A framer that accepts records of up to `max_len` bytes.
     pub fn new(max_len: usize) -> Self {
-        Self { max_len, scanned: 0, discarding: None }
+        Self { max_len, scanned: 0, discarding: None, silent: false }
     }
 }
 
@@ -82,18 +93,21 @@ impl Decoder for LineFramer {
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, Self::Error> {
         if let Some(dropped) = self.discarding {
-            return Ok(match memchr::memchr(b'\n', buf) {
+            match memchr::memchr(b'\n', buf) {
                 Some(newline) => {
                     buf.advance(newline + 1);
                     self.discarding = None;
-                    Some(Frame::TooLarge { len: dropped + newline as u64 })
+                    if !std::mem::take(&mut self.silent) {
+                        return Ok(Some(Frame::TooLarge { len: dropped + newline as u64 }));
+                    }
+                    // Given up and counted already: the next record follows.
                 }
                 None => {
                     self.discarding = Some(dropped + buf.len() as u64);
                     buf.clear();
-                    None
+                    return Ok(None);
                 }
-            });
+            }
         }
         match memchr::memchr(b'\n', &buf[self.scanned..]) {
             Some(offset) => {
@@ -150,10 +164,23 @@ impl Unfinished for LineFramer {
         if let Some(dropped) = self.discarding.take() {
             let len = dropped + buf.len() as u64;
             buf.clear();
-            return Some(Frame::TooLarge { len });
+            // A record given up is counted already.
+            return (!std::mem::take(&mut self.silent)).then_some(Frame::TooLarge { len });
         }
         let held = buf.len();
         truncated(buf, held)
+    }
+
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64> {
+        if self.discarding.is_some() || buf.is_empty() {
+            return None;
+        }
+        let held = buf.len() as u64;
+        self.scanned = 0;
+        self.discarding = Some(held);
+        self.silent = true;
+        buf.clear();
+        Some(held)
     }
 }
 
@@ -178,6 +205,8 @@ enum OctetState {
     Body(usize),
     /// Skipping an overlong body: `remaining` bytes still to skip, `len` declared.
     Discard { remaining: u64, len: u64 },
+    /// Skipping the rest of a body given up ([`Unfinished::give_up_partial`]), counted already.
+    Skip { remaining: u64 },
     /// The stream could not be framed: everything after is thrown away.
     Broken,
 }
@@ -240,6 +269,16 @@ impl Decoder for OctetFramer {
                     self.state = OctetState::Header;
                     return Ok(Some(Frame::TooLarge { len }));
                 }
+                OctetState::Skip { remaining } => {
+                    let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len());
+                    buf.advance(take);
+                    let remaining = remaining - take as u64;
+                    if remaining > 0 {
+                        self.state = OctetState::Skip { remaining };
+                        return Ok(None);
+                    }
+                    self.state = OctetState::Header;
+                }
                 OctetState::Broken => {
                     buf.clear();
                     return Ok(None);
@@ -255,7 +294,8 @@ impl Decoder for OctetFramer {
         let truncated = match self.state {
             OctetState::Header => !buf.is_empty(),
             OctetState::Body(_) | OctetState::Discard { .. } => true,
-            OctetState::Broken => false,
+            // Given up and counted already.
+            OctetState::Skip { .. } | OctetState::Broken => false,
         };
         Ok(truncated.then(|| self.broken(buf)))
     }
@@ -269,7 +309,7 @@ impl Unfinished for OctetFramer {
                 buf.clear();
                 Some(Frame::TooLarge { len })
             }
-            OctetState::Broken => {
+            OctetState::Broken | OctetState::Skip { .. } => {
                 buf.clear();
                 None
             }
@@ -280,6 +320,14 @@ impl Unfinished for OctetFramer {
                 truncated(buf, held)
             }
         }
+    }
+
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64> {
+        let OctetState::Body(len) = self.state else { return None };
+        let held = buf.len();
+        self.state = OctetState::Skip { remaining: (len - held.min(len)) as u64 };
+        buf.clear();
+        Some(held as u64)
     }
 }
 
@@ -294,6 +342,18 @@ pub struct SyslogFramer {
     current: Option<SyslogFraming>,
     /// A frame could not be cut: everything after is thrown away (as the other framers do).
     broken: bool,
+    /// The record in progress was given up ([`Unfinished::give_up_partial`]): its rest is
+    /// skipped here, then the next record's framing is judged anew.
+    skipping: Option<SyslogSkip>,
+}
+
+/// What is left to skip of a syslog record given up.
+#[derive(Debug, Clone, Copy)]
+enum SyslogSkip {
+    /// Up to and with the next newline.
+    Line,
+    /// This many bytes of an octet-counted body.
+    Bytes(u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -305,13 +365,42 @@ enum SyslogFraming {
 impl SyslogFramer {
     /// A framer for messages of up to `max_len` bytes.
     pub fn new(max_len: usize) -> Self {
-        Self { lines: LineFramer::new(max_len), octets: OctetFramer::new(max_len), current: None, broken: false }
+        Self {
+            lines: LineFramer::new(max_len),
+            octets: OctetFramer::new(max_len),
+            current: None,
+            broken: false,
+            skipping: None,
+        }
     }
 
     fn step(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Option<Frame>, std::io::Error> {
         if self.broken {
             buf.clear();
             return Ok(None);
+        }
+        match self.skipping {
+            Some(SyslogSkip::Line) => match memchr::memchr(b'\n', buf) {
+                Some(newline) => {
+                    buf.advance(newline + 1);
+                    self.skipping = None;
+                }
+                None => {
+                    buf.clear();
+                    return Ok(None);
+                }
+            },
+            Some(SyslogSkip::Bytes(remaining)) => {
+                let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len());
+                buf.advance(take);
+                let remaining = remaining - take as u64;
+                if remaining > 0 {
+                    self.skipping = Some(SyslogSkip::Bytes(remaining));
+                    return Ok(None);
+                }
+                self.skipping = None;
+            }
+            None => {}
         }
         let framing = match self.current {
             Some(framing) => framing,
@@ -342,7 +431,9 @@ impl SyslogFramer {
 
 impl Unfinished for SyslogFramer {
     fn unfinished(&mut self, buf: &mut BytesMut) -> Option<Frame> {
-        if self.broken {
+        if self.broken || self.skipping.is_some() {
+            // Nothing held, or a record given up and counted already.
+            self.broken = true;
             buf.clear();
             return None;
         }
@@ -356,6 +447,28 @@ impl Unfinished for SyslogFramer {
                 truncated(buf, held)
             }
         }
+    }
+
+    fn give_up_partial(&mut self, buf: &mut BytesMut) -> Option<u64> {
+        if self.broken || self.skipping.is_some() {
+            return None;
+        }
+        // The rest of the record is skipped here; the next one's framing is judged anew.
+        let held = buf.len();
+        let skip = match self.current {
+            Some(SyslogFraming::Lines) if self.lines.discarding.is_none() && held > 0 => SyslogSkip::Line,
+            Some(SyslogFraming::Octets) => match self.octets.state {
+                OctetState::Body(len) => SyslogSkip::Bytes((len - held.min(len)) as u64),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        self.lines = LineFramer::new(self.lines.max_len);
+        self.octets = OctetFramer::new(self.octets.max_len);
+        self.current = None;
+        self.skipping = Some(skip);
+        buf.clear();
+        Some(held as u64)
     }
 }
 

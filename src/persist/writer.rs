@@ -307,12 +307,23 @@ impl Writer {
                 )
                 .await
                 .map_err(PersistError::Postgres)?;
-            let stored: std::collections::HashSet<(String, i32, i64)> =
-                inserted.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+            // Each row inserted marks one letter of its coordinates stored (two letters of one
+            // message in a batch make one row: the second is a redelivery).
+            let mut stored: std::collections::HashMap<(String, i32, i64), usize> = std::collections::HashMap::new();
+            for row in &inserted {
+                *stored.entry((row.get(0), row.get(1), row.get(2))).or_default() += 1;
+            }
             written.dead_letters_stored = dead
                 .iter()
                 .map(|letter| {
-                    stored.contains(&(letter.origin.topic.clone(), letter.origin.partition, letter.origin.offset))
+                    let key = (letter.origin.topic.clone(), letter.origin.partition, letter.origin.offset);
+                    match stored.get_mut(&key) {
+                        Some(rows) if *rows > 0 => {
+                            *rows -= 1;
+                            true
+                        }
+                        _ => false,
+                    }
                 })
                 .collect();
         }

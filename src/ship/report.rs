@@ -47,6 +47,8 @@ pub struct ShipContext {
     /// The drain stopped waiting for this producer (its close did not end by the deadline): the
     /// records it still held are counted already, so a report that comes later changes nothing.
     pub(super) given_up: AtomicBool,
+    /// Delivery reports being served right now (the drain waits for none before it counts).
+    pub(super) serving: std::sync::atomic::AtomicUsize,
 }
 
 impl ClientContext for ShipContext {
@@ -88,6 +90,7 @@ impl ShipContext {
             unconfirmed: AtomicU64::new(0),
             delivered_any: AtomicBool::new(false),
             given_up: AtomicBool::new(false),
+            serving: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -151,7 +154,10 @@ impl ProducerContext for ShipContext {
 
     /// Runs on the producer's polling thread, never on a reader task.
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        if self.given_up.load(Ordering::Relaxed) {
+        // Marked before the check: the drain sets `given_up`, then waits for this to be 0.
+        self.serving.fetch_add(1, Ordering::SeqCst);
+        let _served = Served(&self.serving);
+        if self.given_up.load(Ordering::SeqCst) {
             // Counted when the drain stopped waiting (`Shipper::close`): let go, not counted again.
             return;
         }
@@ -169,5 +175,14 @@ impl ProducerContext for ShipContext {
         if let Err(panic) = served {
             self.settler.panicked("serving a delivery report", panic.as_ref());
         }
+    }
+}
+
+/// One delivery report being served ([`ShipContext::serving`]), until dropped.
+struct Served<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -209,3 +209,46 @@ fn what_the_writer_had_not_finished_when_the_agent_stops_reading_is_truncated() 
         vec![line("<13>whole"), Frame::Truncated { len: 6 }]
     );
 }
+
+/// `framer` reads `before`, gives up the record in progress, then reads `after`: what it held
+/// when it gave up, and every frame after.
+fn give_up_between(
+    framer: &mut (impl Decoder<Item = Frame, Error = std::io::Error> + Unfinished),
+    before: &[u8],
+    after: &[u8],
+) -> (Option<u64>, Vec<Frame>) {
+    let mut buf = BytesMut::from(before);
+    while framer.decode(&mut buf).expect("decode never fails").is_some() {}
+    let held = framer.give_up_partial(&mut buf);
+    assert!(buf.is_empty(), "nothing of it is held after");
+    buf.extend_from_slice(after);
+    let mut out = Vec::new();
+    while let Some(frame) = framer.decode(&mut buf).expect("decode never fails") {
+        out.push(frame);
+    }
+    (held, out)
+}
+
+/// Issue 30, item 10 (cold review of the fix): a record given up for read room others wait for
+/// is counted once, its rest skipped silently as it arrives, and the records after it read.
+#[test]
+fn a_record_given_up_is_skipped_to_its_end_silently_and_the_next_ones_are_read() {
+    assert_eq!(
+        give_up_between(&mut LineFramer::new(100), b"first\nhalf of a l", b"ong line\nnext\n"),
+        (Some(11), vec![line("next")])
+    );
+    assert_eq!(give_up_between(&mut LineFramer::new(100), b"whole\n", b"next\n"), (None, vec![line("next")]));
+    assert_eq!(
+        give_up_between(&mut OctetFramer::new(100), b"10 abc", b"defghij5 hello"),
+        (Some(3), vec![Frame::Record(BytesMut::from(&b"hello"[..]))])
+    );
+    assert_eq!(
+        give_up_between(&mut SyslogFramer::new(100), b"<13>half", b" of it\n5 <13>x"),
+        (Some(8), vec![Frame::Record(BytesMut::from(&b"<13>x"[..]))]),
+        "the next record's framing is judged anew"
+    );
+    assert_eq!(
+        give_up_between(&mut SyslogFramer::new(100), b"20 <13>ten bytes", b"1234567<13>next\n"),
+        (Some(13), vec![line("<13>next")])
+    );
+}
