@@ -264,6 +264,12 @@ pub async fn run(
 
     // ---- Report.
     let report = account_closed(&buffer, context.abandoned.load(Ordering::Relaxed), closed);
+    // What stays in the spool that Kafka may hold is marked for the next start (file I/O: off
+    // the runtime's workers).
+    let remembering = buffer.clone();
+    if tokio::task::spawn_blocking(move || remembering.remember_maybe_stored()).await.is_err() {
+        error!("keeping the marks of records kafka may hold did not run to its end");
+    }
     buffer.report();
     stages.background.cancel();
     for task in services {
@@ -323,6 +329,8 @@ impl Stages {
 /// never came (`closed.unconfirmed`, counted by the close); with a disk buffer, spooled records
 /// not yet acknowledged stay in the spool for the next start.
 pub(crate) fn account_closed(buffer: &Buffer, abandoned: u64, closed: crate::ship::Closed) -> DrainReport {
+    // A spooled record is owed by its segment (it stays for the next start) unless drop_oldest
+    // deleted that: an orphan, counted here — unconfirmed if it was sent with no answer.
     let maybe_stored = buffer.queued_maybe_stored() as u64;
     let (held, in_spool, stuck) = match buffer.spool() {
         // What librdkafka still holds of a disk buffer is spooled: it stays in the spool.

@@ -605,16 +605,45 @@ impl Buffer {
         )
     }
 
-    /// Records waiting in memory, in no spool, that Kafka may hold already (an attempt failed
-    /// after the broker may have written them): at the drain's final count they are
-    /// `unconfirmed`, not lost.
+    /// Records waiting in memory and owed by no spool (memory type, or spooled in a segment
+    /// `drop_oldest` deleted: orphaned) that Kafka may hold already (sent and never answered, or
+    /// an attempt failed after the broker may have written them): at the drain's final count
+    /// they are `unconfirmed`, not lost.
     pub fn queued_maybe_stored(&self) -> usize {
         let queues = self.lock();
-        [&queues.intake, &queues.retry, &queues.fresh]
+        let maybe = [&queues.intake, &queues.retry, &queues.fresh]
             .into_iter()
             .flat_map(|queue| queue.iter())
-            .filter(|record| record.maybe_stored && record.pos.is_none())
-            .count()
+            .filter(|record| record.maybe_stored);
+        match &self.shared.spool {
+            None => maybe.count(),
+            Some(spool) => spool.orphans_among(maybe.filter_map(|record| record.pos)) as usize,
+        }
+    }
+
+    /// At the end of a drain (disk type): records still in memory that Kafka may hold and whose
+    /// segment still owes them are marked so in the spool, and the marks written for the next
+    /// start ([`Spool::save_maybe_stored`]). Blocking.
+    pub fn remember_maybe_stored(&self) {
+        let Some(spool) = &self.shared.spool else { return };
+        let positions: Vec<SpoolPos> = {
+            let queues = self.lock();
+            [&queues.intake, &queues.retry, &queues.fresh]
+                .into_iter()
+                .flat_map(|queue| queue.iter())
+                .filter(|record| record.maybe_stored)
+                .filter_map(|record| record.pos)
+                .collect()
+        };
+        spool.may_be_stored(positions);
+        match spool.save_maybe_stored() {
+            Ok(0) => {}
+            Ok(marked) => tracing::info!(records = marked, "marked for the next start: kafka may hold them"),
+            Err(error) => tracing::warn!(
+                %error,
+                "cannot keep the marks of records kafka may hold for the next start; lost later, they would be counted as never stored"
+            ),
+        }
     }
 
     /// Records only in memory the drain left unsent: counted `drain_timeout` and `unconfirmed`.

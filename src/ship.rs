@@ -39,7 +39,6 @@ mod model;
 mod polled;
 mod report;
 mod settle;
-mod status;
 #[cfg(test)]
 mod tests;
 

@@ -81,7 +81,7 @@ impl Buffer {
                 pos: Some(record.pos),
                 ingest_ms: record.ingest_ms,
                 ack: None,
-                maybe_stored: false,
+                maybe_stored: record.maybe_stored,
             });
         }
         (reader, out, lease)

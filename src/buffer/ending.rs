@@ -144,7 +144,7 @@ impl Buffer {
         self.settled(lease.bytes(), ingest_ms);
         drop(lease);
         match (pos, self.spool()) {
-            (Some(pos), Some(_)) => self.back_to_disk(vec![(pos, ack)]),
+            (Some(pos), Some(_)) => self.back_to_disk_marked(vec![(pos, ack, maybe_stored)]),
             _ => {
                 let reason = if maybe_stored { Failed::Unconfirmed } else { Failed::DrainTimeout };
                 if let Some(repeated) = DRAIN_LINES.admit(reason.as_str()) {
@@ -186,10 +186,20 @@ impl Buffer {
     /// and their acks wait parked until then. One whose segment `drop_oldest` deleted meanwhile
     /// is lost: counted `drop_oldest` here, its writer told.
     pub(crate) fn back_to_disk(&self, records: Vec<(SpoolPos, Option<Ack>)>) {
+        self.back_to_disk_marked(records.into_iter().map(|(pos, ack)| (pos, ack, false)).collect());
+    }
+
+    /// [`Buffer::back_to_disk`] for records each with whether Kafka may hold it already: such a
+    /// record stays marked on disk (`maybe_stored`, also across a restart), and one lost with its
+    /// segment is counted `unconfirmed`, not `drop_oldest`.
+    pub(crate) fn back_to_disk_marked(&self, records: Vec<(SpoolPos, Option<Ack>, bool)>) {
         let Some(spool) = self.spool() else { return };
-        let lost = spool.evicted(records);
-        if lost > 0 {
-            Dropped::DropOldest.count(lost);
+        let (lost, lost_maybe) = spool.evicted_marked(records);
+        if lost > lost_maybe {
+            Dropped::DropOldest.count(lost - lost_maybe);
+        }
+        if lost_maybe > 0 {
+            Failed::Unconfirmed.count(lost_maybe);
         }
     }
 }

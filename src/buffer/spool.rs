@@ -139,6 +139,9 @@ pub struct DroppedSegment {
     pub segment: u64,
     /// Its records that existed only on disk and are now lost (counted by the caller).
     pub lost: u64,
+    /// Of those, records Kafka may hold already (an attempt was sent with no answer): counted
+    /// `unconfirmed`, the rest `drop_oldest`.
+    pub lost_maybe_stored: u64,
 }
 
 fn segment_path(dir: &Path, segment: u64) -> PathBuf {

@@ -316,8 +316,15 @@ impl Spooler {
         let dropped = tokio::task::spawn_blocking(move || spool.drop_oldest()).await.ok().flatten();
         match dropped {
             Some(dropped) => {
-                warn!(segment = dropped.segment, lost = dropped.lost, "spool full: oldest segment dropped");
-                Dropped::DropOldest.count(dropped.lost);
+                warn!(
+                    segment = dropped.segment,
+                    lost = dropped.lost,
+                    of_which_kafka_may_hold = dropped.lost_maybe_stored,
+                    "spool full: oldest segment dropped"
+                );
+                // A record Kafka may hold (sent, never answered) is not counted "not stored".
+                Dropped::DropOldest.count(dropped.lost - dropped.lost_maybe_stored);
+                crate::telemetry::outcome::Failed::Unconfirmed.count(dropped.lost_maybe_stored);
                 self.buffer.wake_shipper();
                 self.buffer.notify_settled();
                 true

@@ -12,7 +12,12 @@ use tracing::{error, warn};
 
 use super::*;
 use crate::buffer::ack::Ack;
-use crate::telemetry::outcome::Dropped;
+use crate::telemetry::outcome::{Dropped, Failed, Refused};
+
+/// The file in the spool's folder that carries the `maybe_stored` marks of records still owed
+/// from one run to the next: a line `segment index` per record. Written at the end of a drain,
+/// read (and removed) when the spool opens.
+pub(super) const MAYBE_STORED_FILE: &str = "maybe-stored";
 
 /// One bit per record of a segment. Hand-written: two words of logic, and the ledger is the
 /// product's core.
@@ -58,6 +63,10 @@ pub(super) struct SegmentState {
     pub(super) in_memory: Bits,
     /// Per record: finished; never sent, read or counted again.
     pub(super) finished: Bits,
+    /// Per record: Kafka may hold it already — an attempt (of this run, or of an earlier one:
+    /// `MAYBE_STORED_FILE`) was sent and never answered, or failed after the broker may have
+    /// written it. Lost later, it is counted `unconfirmed`, never as "not stored".
+    pub(super) maybe_stored: Bits,
     /// A damaged segment recovery could not repair (no room for the copy) is read as it is: its
     /// damaged regions, as (first damaged byte, next intact frame or end of file). The reader
     /// jumps over them. Empty for every other segment.
@@ -156,27 +165,37 @@ impl Spool {
     }
 
     /// Records left memory without being finished (evicted under memory pressure, or not
-    /// handed to Kafka): they are disk-only again, and the backlog reader will send them. Acks
-    /// waiting for their delivery are parked until then. Returns how many could not go back
-    /// because `drop_oldest` deleted their segment meanwhile: they are lost, their acks refused,
-    /// and the caller counts them as `drop_oldest`.
+    /// handed to Kafka), each with whether Kafka may hold it already: they are disk-only again
+    /// (remembering that), and the backlog reader will send them. Acks waiting for their
+    /// delivery are parked until then. Returns how many could not go back because `drop_oldest`
+    /// deleted their segment meanwhile — they are lost, their acks refused, and the caller counts
+    /// them: as `drop_oldest`, and (the second number, among them) those Kafka may hold as
+    /// `unconfirmed`.
     #[must_use = "records whose segment was dropped are lost and must be counted"]
-    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) -> u64 {
+    pub fn evicted_marked(&self, records: Vec<(SpoolPos, Option<Ack>, bool)>) -> (u64, u64) {
         let mut state = self.lock();
         let mut first = None;
-        let mut lost = 0;
-        for (pos, ack) in records {
+        let (mut lost, mut lost_maybe) = (0, 0);
+        for (pos, ack, maybe_stored) in records {
             let Some(segment) = state.segments.get_mut(&pos.segment) else {
                 // Lost now, unless `drop_oldest` already counted it (it was disk-only then).
                 if state.orphaned.remove(&(pos.segment, pos.index)) {
                     lost += 1;
+                    lost_maybe += u64::from(maybe_stored);
                 }
                 let parked = state.take_ack(pos);
                 for ack in [ack, parked].into_iter().flatten() {
-                    ack.refused(Dropped::DropOldest);
+                    ack.refused(if maybe_stored {
+                        Refused::from(Failed::Unconfirmed)
+                    } else {
+                        Dropped::DropOldest.into()
+                    });
                 }
                 continue;
             };
+            if maybe_stored {
+                segment.maybe_stored.set(pos.index, true);
+            }
             if !segment.release(pos.index) {
                 // Not in memory (never, or finished): nothing changes on disk.
                 if let Some(ack) = ack {
@@ -193,7 +212,101 @@ impl Spool {
             state.backlog = Some(state.backlog.map_or(first, |backlog| backlog.min(first)));
             state.lowered = Some(state.lowered.map_or(first, |lowered| lowered.min(first)));
         }
-        lost
+        (lost, lost_maybe)
+    }
+
+    /// [`Spool::evicted_marked`] for records none of which Kafka may hold: how many are lost.
+    #[must_use = "records whose segment was dropped are lost and must be counted"]
+    pub fn evicted(&self, records: Vec<(SpoolPos, Option<Ack>)>) -> u64 {
+        self.evicted_marked(records.into_iter().map(|(pos, ack)| (pos, ack, false)).collect()).0
+    }
+
+    /// Kafka may hold the records at `positions` (held in memory, sent with no answer): should
+    /// they end on disk, they stay marked so (`maybe_stored`), also across a restart.
+    pub fn may_be_stored(&self, positions: impl IntoIterator<Item = SpoolPos>) {
+        let mut state = self.lock();
+        for pos in positions {
+            if let Some(segment) = state.segments.get_mut(&pos.segment) {
+                segment.maybe_stored.set(pos.index, true);
+            }
+        }
+    }
+
+    /// Whether Kafka may hold the record at `pos` already.
+    pub fn maybe_stored(&self, pos: SpoolPos) -> bool {
+        self.lock().segments.get(&pos.segment).is_some_and(|segment| segment.maybe_stored.get(pos.index))
+    }
+
+    /// Writes which records still owed Kafka may hold ([`MAYBE_STORED_FILE`]) for the next start,
+    /// at the end of a drain (written beside it and renamed into place). Returns how many.
+    /// Blocking. A run that ends without it (SIGKILL, a full disk) leaves the next one without
+    /// those marks: a record among them lost later is counted as never stored — over-counted
+    /// as lost, never lost uncounted.
+    pub fn save_maybe_stored(&self) -> io::Result<usize> {
+        let positions = self.maybe_stored_positions();
+        let path = self.config.dir.join(MAYBE_STORED_FILE);
+        if positions.is_empty() {
+            return match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+                _ => Ok(0),
+            };
+        }
+        let mut text = String::with_capacity(positions.len() * 16);
+        for (segment, index) in &positions {
+            text.push_str(&format!("{segment} {index}\n"));
+        }
+        let partial = self.config.dir.join(format!("{MAYBE_STORED_FILE}.partial"));
+        std::fs::write(&partial, text)?;
+        std::fs::rename(&partial, &path)?;
+        Ok(positions.len())
+    }
+
+    /// Reads the marks an earlier run left ([`MAYBE_STORED_FILE`]) onto the records the spool
+    /// recovered, and removes the file (the marks are in the ledger now; the drain writes them
+    /// again). Returns how many were set. Blocking. (A segment recovery repaired may have shifted
+    /// its records: a mark may then land on a neighbour — counted `unconfirmed` if lost, never
+    /// lost uncounted.)
+    pub(super) fn load_maybe_stored(&self) -> usize {
+        let path = self.config.dir.join(MAYBE_STORED_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else { return 0 };
+        let mut state = self.lock();
+        let mut set = 0;
+        for line in text.lines() {
+            let mut parts = line.split(' ');
+            let (Some(Ok(segment)), Some(Ok(index))) =
+                (parts.next().map(str::parse::<u64>), parts.next().map(str::parse::<u32>))
+            else {
+                continue;
+            };
+            if let Some(segment) = state.segments.get_mut(&segment)
+                && u64::from(index) < segment.records
+            {
+                segment.maybe_stored.set(index, true);
+                set += 1;
+            }
+        }
+        drop(state);
+        if let Err(error) = std::fs::remove_file(&path) {
+            warn!(%error, "cannot remove the spool's maybe-stored marks after reading them");
+        }
+        set
+    }
+
+    /// The records not finished that Kafka may hold, for [`MAYBE_STORED_FILE`].
+    pub(super) fn maybe_stored_positions(&self) -> Vec<(u64, u32)> {
+        let state = self.lock();
+        let mut positions = Vec::new();
+        for (id, segment) in &state.segments {
+            for (word_at, word) in segment.maybe_stored.0.iter().enumerate() {
+                for bit in 0..64u32 {
+                    let index = word_at as u32 * 64 + bit;
+                    if word & (1 << bit) != 0 && !segment.finished.get(index) {
+                        positions.push((*id, index));
+                    }
+                }
+            }
+        }
+        positions
     }
 
     /// A record is acknowledged by Kafka or counted as dropped. Returns whether its segment
@@ -284,6 +397,13 @@ impl Spool {
         self.lock().orphaned.len() as u64
     }
 
+    /// How many of `positions` are orphaned (held in memory, their segment deleted by
+    /// `drop_oldest`).
+    pub fn orphans_among(&self, positions: impl IntoIterator<Item = SpoolPos>) -> u64 {
+        let state = self.lock();
+        positions.into_iter().filter(|pos| state.orphaned.contains(&(pos.segment, pos.index))).count() as u64
+    }
+
     /// Deletes every deletable segment file. Blocking. Returns bytes freed.
     pub fn delete_done(&self) -> u64 {
         let doomed: Vec<(u64, u64)> = {
@@ -317,16 +437,19 @@ impl Spool {
     }
 
     /// Deletes the oldest sealed segment to make room (`drop_oldest`). Its records that exist
-    /// only on disk are lost and returned for counting; records of it held in memory are still
-    /// delivered. Blocking.
+    /// only on disk are lost and returned for counting (those Kafka may hold apart); records of
+    /// it held in memory are still delivered. Blocking.
     pub fn drop_oldest(&self) -> Option<DroppedSegment> {
-        let (id, lost) = {
+        let (id, lost, lost_maybe) = {
             let mut state = self.lock();
             let id = state.segments.iter().find(|(_, segment)| segment.sealed).map(|(id, _)| *id)?;
             let segment = state.segments.remove(&id)?;
             // Disk-only records are lost; those held in memory are still delivered.
             let lost = segment.records.saturating_sub(segment.done + segment.outstanding);
             let records = u32::try_from(segment.records).unwrap_or(u32::MAX);
+            let lost_maybe = (0..records)
+                .filter(|index| segment.disk_only(*index) && segment.maybe_stored.get(*index))
+                .count() as u64;
             let held = (0..records).filter(|index| segment.in_memory.get(*index));
             let orphans: Vec<(u64, u32)> = held.map(|index| (id, index)).collect();
             state.orphaned.extend(orphans);
@@ -350,7 +473,11 @@ impl Spool {
                 .collect();
             for pos in lost_positions {
                 if let Some(ack) = state.take_ack(pos) {
-                    ack.refused(Dropped::DropOldest);
+                    if segment.maybe_stored.get(pos.index) {
+                        ack.refused(Failed::Unconfirmed);
+                    } else {
+                        ack.refused(Dropped::DropOldest);
+                    }
                 }
             }
             // The `spooled` acks of records held in memory no longer have a file a sync could
@@ -367,14 +494,14 @@ impl Spool {
                     state.parked_acks.insert(pos, ack);
                 }
             }
-            (id, lost)
+            (id, lost, lost_maybe)
         };
         if let Err(error) = std::fs::remove_file(segment_path(&self.config.dir, id))
             && error.kind() != io::ErrorKind::NotFound
         {
             error!(%error, segment = id, "cannot delete a dropped spool segment");
         }
-        Some(DroppedSegment { segment: id, lost })
+        Some(DroppedSegment { segment: id, lost, lost_maybe_stored: lost_maybe })
     }
 
     /// Damage at `pos` hides the rest of its segment from the reader: its disk-only records

@@ -26,6 +26,8 @@ pub struct DiskRecord {
     pub key: Option<Bytes>,
     /// Its envelope.
     pub payload: Bytes,
+    /// Kafka may hold it already (an earlier attempt was sent and never answered).
+    pub maybe_stored: bool,
 }
 
 /// What one read of the backlog returned.
@@ -143,13 +145,19 @@ impl SpoolReader {
                     let Some(frame) = segment::body_frame(&self.body) else { break };
                     let len = (segment::FRAME_OVERHEAD + self.body.len()) as u64;
                     bytes += len as usize;
-                    let taken = self.spool.lock().segments.get_mut(&pos.segment).is_some_and(|s| s.hold(pos.index));
-                    if taken {
+                    let taken = self
+                        .spool
+                        .lock()
+                        .segments
+                        .get_mut(&pos.segment)
+                        .and_then(|s| s.hold(pos.index).then(|| s.maybe_stored.get(pos.index)));
+                    if let Some(maybe_stored) = taken {
                         batch.records.push(DiskRecord {
                             pos,
                             ingest_ms: frame.ingest_ms,
                             key: frame.key.map(Bytes::copy_from_slice),
                             payload: Bytes::copy_from_slice(frame.payload),
+                            maybe_stored,
                         });
                     }
                     pos.offset += len;

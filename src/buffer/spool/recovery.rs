@@ -88,6 +88,10 @@ impl Spool {
         state.backlog = state.segments.keys().next().map(|id| SpoolPos::start_of(*id));
         let next = ids.last().map_or(0, |id| id + 1);
         let spool = Arc::new(Spool { config, quarantine, state: Mutex::new(state) });
+        let marked = spool.load_maybe_stored();
+        if marked > 0 {
+            info!(records = marked, "records an earlier run sent without an answer are marked: kafka may hold them");
+        }
         let mut writer = SpoolWriter::pending(spool.clone(), next);
         if let Err(error) = writer.start_segment() {
             let error = SpoolIoError { op: SpoolOp::Write, error };

@@ -135,7 +135,7 @@ fn drop_oldest_deletes_the_oldest_segment_and_reports_its_disk_only_records() {
     spool.done(positions[0]);
     let before = spool.disk_bytes();
     let dropped = spool.drop_oldest().expect("a sealed segment");
-    assert_eq!(dropped, DroppedSegment { segment: first, lost: in_first - 3 });
+    assert_eq!(dropped, DroppedSegment { segment: first, lost: in_first - 3, lost_maybe_stored: 0 });
     assert!(spool.disk_bytes() < before);
     assert_eq!(spool.backlog(), Some(SpoolPos::start_of(first + 1)), "the cursor skips the dropped segment");
 }
@@ -642,4 +642,37 @@ fn records_read_before_an_io_error_are_handed_on_not_left_held_by_nobody() {
     let batch = spool.reader().read(positions[0], writer.end(), usize::MAX, usize::MAX).expect("what was read");
     assert_eq!(batch.records.len(), before, "the records before the failing segment");
     assert_eq!(batch.next, Some(SpoolPos::start_of(second)), "the next read starts at the failure");
+}
+
+/// Issue 30 (found by the soak at seed 2086022712): records an earlier run handed to librdkafka
+/// and never saw confirmed were recovered from its spool, and counted lost when `drop_oldest`
+/// took their segment — while Kafka held 467 of them. Such a record is marked (`maybe_stored`),
+/// the mark kept across a restart, and a record lost with its mark is counted apart.
+#[test]
+fn a_record_kafka_may_hold_stays_marked_across_a_restart_and_is_counted_apart_when_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let positions = {
+        let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+        let positions = append_all(&mut writer, &payloads(40));
+        let first = positions[0].segment;
+        let in_first: Vec<SpoolPos> = positions.iter().copied().filter(|p| p.segment == first).collect();
+        // Two of the first segment come back from librdkafka unconfirmed, the rest never left.
+        let back = in_first.iter().enumerate().map(|(n, pos)| (*pos, None, n < 2)).collect();
+        assert_eq!(spool.evicted_marked(back), (0, 0));
+        assert_eq!(spool.save_maybe_stored().expect("saved"), 2);
+        drop(writer);
+        positions
+    };
+    // The next start: the marks are read back onto the recovered records.
+    let (spool, _writer, recovered) = Spool::open(config(dir.path())).expect("reopen");
+    assert_eq!(recovered.records, 40);
+    assert!(spool.maybe_stored(positions[0]) && spool.maybe_stored(positions[1]));
+    assert!(!spool.maybe_stored(positions[2]));
+    let batch = read_all(&spool, positions[0], positions[39]);
+    assert!(batch.records[0].maybe_stored && !batch.records[2].maybe_stored, "the reader hands the mark on");
+    // Back to disk, then the segment is dropped: its two marked records are counted apart.
+    let in_first = positions.iter().filter(|p| p.segment == positions[0].segment).count() as u64;
+    assert_eq!(spool.evicted(batch.records.iter().map(|r| (r.pos, None)).collect()), 0);
+    let dropped = spool.drop_oldest().expect("a sealed segment");
+    assert_eq!((dropped.lost, dropped.lost_maybe_stored), (in_first, 2));
 }
