@@ -287,12 +287,10 @@ struct Kafka {
 impl Kafka {
     fn new(buffer: &Buffer) -> Self {
         let tasks = crate::lifecycle::Tasks::new(tokio_util::sync::CancellationToken::new());
-        Self {
-            context: ShipContext::new(buffer.clone(), tasks.clone()),
-            tasks,
-            in_flight: Vec::new(),
-            unsettled: Vec::new(),
-        }
+        let context = ShipContext::new(buffer.clone(), tasks.clone());
+        // The model's Kafka answers from the start: what it hands back may have been stored.
+        context.reached_a_broker();
+        Self { context, tasks, in_flight: Vec::new(), unsettled: Vec::new() }
     }
 
     fn send(&mut self, record: crate::buffer::Record) {

@@ -33,6 +33,9 @@ pub struct ShipContext {
     pub(super) settler: Arc<Settler>,
     retried: Counter,
     errors: Arc<telemetry::librdkafka::ErrorTotals>,
+    /// This producer has been connected to a broker: from then on a record it hands back may
+    /// have been stored (before that, none can have been: nothing reached Kafka).
+    pub(super) reached_broker: AtomicBool,
     /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
     pub(super) fatal: Arc<AtomicBool>,
     /// Set by the drain's last purge ([`super::Shipper::close`]): a record in flight that it
@@ -53,10 +56,18 @@ pub struct ShipContext {
 
 impl ClientContext for ShipContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
+        if statistics.brokers.values().any(|broker| broker.state == "UP" || broker.tx > 0) {
+            self.reached_a_broker();
+        }
         telemetry::librdkafka::record(&statistics, &self.errors);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // A connection lost "after …ms in state UP" was up: requests may have gone out on it.
+        // (Heard at once, where the statistics come every few seconds.)
+        if reason.contains("in state UP") {
+            self.reached_a_broker();
+        }
         if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
             error!(%error, reason, "kafka producer reported a fatal error; it will be replaced");
             self.fatal.store(true, Ordering::Relaxed);
@@ -76,6 +87,13 @@ impl ClientContext for ShipContext {
 pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Option<&'a [u8]>)>;
 
 impl ShipContext {
+    /// From now on, what this producer hands back may have been stored.
+    pub(super) fn reached_a_broker(&self) {
+        if !self.reached_broker.load(Ordering::Relaxed) {
+            self.reached_broker.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own; a panic
     /// while settling fails `tasks`.
     pub(super) fn new(buffer: Buffer, tasks: Tasks) -> Self {
@@ -89,6 +107,7 @@ impl ShipContext {
             last_purge: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
             delivered_any: AtomicBool::new(false),
+            reached_broker: AtomicBool::new(false),
             given_up: AtomicBool::new(false),
             serving: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -98,12 +117,14 @@ impl ShipContext {
     /// (retryable), or given up and counted. Everything [`ProducerContext::delivery`] does past
     /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
     ///
-    /// A record that comes back from librdkafka without a success may be stored in Kafka: it
-    /// carries that on, through its retries, to the drain, where what Kafka may hold is counted
-    /// `unconfirmed`, never `drain_timeout` ("not stored"). librdkafka's own per-message status
-    /// (`rd_kafka_message_status`) is not relied on: after a broker restart its idempotent
-    /// producer resets its producer id and reports a batch the broker had appended as "not
-    /// persisted" (the soak found 467 such records counted lost: issue 30).
+    /// A record that comes back from librdkafka without a success, from a producer that has been
+    /// connected to a broker, may be stored in Kafka: it carries that on, through its retries, to
+    /// the drain, where what Kafka may hold is counted `unconfirmed`, never `drain_timeout` ("not
+    /// stored"). librdkafka's own per-message status (`rd_kafka_message_status`) is not relied
+    /// on: after a broker restart its idempotent producer resets its producer id and reports a
+    /// batch the broker had appended as "not persisted" (the soak found 467 such records counted
+    /// lost: issue 30). A producer that never reached a broker cannot have stored anything: what
+    /// it hands back at the drain is `drain_timeout`, lost, and said so.
     pub(super) fn report(&self, report: Report<'_>, mut in_flight: InFlight) {
         match report {
             // Settled with the others the reports bring meanwhile, on the settling thread.
@@ -111,14 +132,25 @@ impl ShipContext {
                 if !self.delivered_any.load(Ordering::Relaxed) {
                     self.delivered_any.store(true, Ordering::Relaxed);
                 }
+                self.reached_a_broker();
                 self.settler.delivered(in_flight);
             }
             Err((error, payload, key)) => {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
-                // It was with librdkafka: whatever the report says, an attempt may have been stored.
-                in_flight.may_be_stored();
-                if in_flight.pos.is_none() && self.last_purge.load(Ordering::Relaxed) {
+                // Purged in flight (sent, unanswered) or a broker's own error code: it went out.
+                if error
+                    .rdkafka_error_code()
+                    .is_some_and(|code| code == RDKafkaErrorCode::PurgeInflight || (code as i32) >= 0)
+                {
+                    self.reached_a_broker();
+                }
+                // It was with librdkafka, connected: whatever the report says, an attempt may
+                // have been stored.
+                if self.reached_broker.load(Ordering::Relaxed) {
+                    in_flight.may_be_stored();
+                }
+                if in_flight.maybe_stored() && in_flight.pos.is_none() && self.last_purge.load(Ordering::Relaxed) {
                     // The agent is stopping and Kafka may have it. Not lost and not delivered;
                     // counted apart, so neither count is wrong. (A spooled one stays in the
                     // spool, sent again at the next start: the persister keeps one row per id.)
