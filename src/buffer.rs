@@ -622,19 +622,20 @@ impl Buffer {
     }
 
     /// At the end of a drain (disk type): records still in memory that Kafka may hold and whose
-    /// segment still owes them are marked so in the spool, and the marks written for the next
-    /// start ([`Spool::save_maybe_stored`]). Blocking.
+    /// segment still owes them are marked so in the spool — those queued that carry the mark, and
+    /// those in no queue (still with librdkafka: a close that missed the deadline) — and the
+    /// marks written for the next start ([`Spool::save_maybe_stored`]). Blocking.
     pub fn remember_maybe_stored(&self) {
         let Some(spool) = &self.shared.spool else { return };
-        let positions: Vec<SpoolPos> = {
+        let (positions, queued): (Vec<SpoolPos>, std::collections::HashSet<(u64, u32)>) = {
             let queues = self.lock();
-            [&queues.intake, &queues.retry, &queues.fresh]
-                .into_iter()
-                .flat_map(|queue| queue.iter())
-                .filter(|record| record.maybe_stored)
-                .filter_map(|record| record.pos)
-                .collect()
+            let queued = || [&queues.intake, &queues.retry, &queues.fresh].into_iter().flat_map(|queue| queue.iter());
+            (
+                queued().filter(|record| record.maybe_stored).filter_map(|record| record.pos).collect(),
+                queued().filter_map(|record| record.pos).map(|pos| (pos.segment, pos.index)).collect(),
+            )
         };
+        spool.mark_held_elsewhere(&queued);
         spool.may_be_stored(positions);
         match spool.save_maybe_stored() {
             Ok(0) => {}

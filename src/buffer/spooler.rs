@@ -323,7 +323,7 @@ impl Spooler {
                     "spool full: oldest segment dropped"
                 );
                 // A record Kafka may hold (sent, never answered) is not counted "not stored".
-                Dropped::DropOldest.count(dropped.lost - dropped.lost_maybe_stored);
+                Dropped::DropOldest.count(dropped.lost.saturating_sub(dropped.lost_maybe_stored));
                 crate::telemetry::outcome::Failed::Unconfirmed.count(dropped.lost_maybe_stored);
                 self.buffer.wake_shipper();
                 self.buffer.notify_settled();

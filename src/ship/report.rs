@@ -33,9 +33,14 @@ pub struct ShipContext {
     pub(super) settler: Arc<Settler>,
     retried: Counter,
     errors: Arc<telemetry::librdkafka::ErrorTotals>,
-    /// This producer has been connected to a broker: from then on a record it hands back may
-    /// have been stored (before that, none can have been: nothing reached Kafka).
-    pub(super) reached_broker: AtomicBool,
+    /// Signs of this producer's requests reaching a broker, counted: a success, Produce
+    /// requests sent (statistics), a connection lost "in state UP". A record handed back
+    /// without a success may have been stored only if the count grew after it was handed over
+    /// (`InFlight::contacts_at_hand_off`): one queued through an outage that reached no broker
+    /// was never sent.
+    pub(super) contacts: AtomicU64,
+    /// Produce requests sent, as the last statistics counted them.
+    produce_requests: AtomicU64,
     /// Set when librdkafka reports a fatal error: the shipper replaces the producer.
     pub(super) fatal: Arc<AtomicBool>,
     /// Set by the drain's last purge ([`super::Shipper::close`]): a record in flight that it
@@ -56,7 +61,10 @@ pub struct ShipContext {
 
 impl ClientContext for ShipContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
-        if statistics.brokers.values().any(|broker| broker.state == "UP" || broker.tx > 0) {
+        let produce_requests: i64 =
+            statistics.brokers.values().filter_map(|broker| broker.req.get("Produce")).map(|sent| (*sent).max(0)).sum();
+        let produce_requests = produce_requests as u64;
+        if produce_requests > self.produce_requests.swap(produce_requests, Ordering::Relaxed) {
             self.reached_a_broker();
         }
         telemetry::librdkafka::record(&statistics, &self.errors);
@@ -87,11 +95,14 @@ impl ClientContext for ShipContext {
 pub(crate) type Report<'a> = Result<usize, (&'a KafkaError, Option<&'a [u8]>, Option<&'a [u8]>)>;
 
 impl ShipContext {
-    /// From now on, what this producer hands back may have been stored.
+    /// A sign that requests reach a broker: what was handed over before may have been stored.
     pub(super) fn reached_a_broker(&self) {
-        if !self.reached_broker.load(Ordering::Relaxed) {
-            self.reached_broker.store(true, Ordering::Relaxed);
-        }
+        self.contacts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The signs of contact so far, stamped on a record as it is handed to librdkafka.
+    pub(super) fn contacts(&self) -> u64 {
+        self.contacts.load(Ordering::Relaxed)
     }
 
     /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own; a panic
@@ -107,7 +118,8 @@ impl ShipContext {
             last_purge: AtomicBool::new(false),
             unconfirmed: AtomicU64::new(0),
             delivered_any: AtomicBool::new(false),
-            reached_broker: AtomicBool::new(false),
+            contacts: AtomicU64::new(0),
+            produce_requests: AtomicU64::new(0),
             given_up: AtomicBool::new(false),
             serving: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -118,13 +130,13 @@ impl ShipContext {
     /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
     ///
     /// A record that comes back from librdkafka without a success, from a producer that has been
-    /// connected to a broker, may be stored in Kafka: it carries that on, through its retries, to
+    /// reached a broker since it was handed over, may be stored in Kafka: it carries that on, through its retries, to
     /// the drain, where what Kafka may hold is counted `unconfirmed`, never `drain_timeout` ("not
     /// stored"). librdkafka's own per-message status (`rd_kafka_message_status`) is not relied
     /// on: after a broker restart its idempotent producer resets its producer id and reports a
     /// batch the broker had appended as "not persisted" (the soak found 467 such records counted
-    /// lost: issue 30). A producer that never reached a broker cannot have stored anything: what
-    /// it hands back at the drain is `drain_timeout`, lost, and said so.
+    /// lost: issue 30). A record handed over while no request reached a broker cannot have been
+    /// stored: given up at the drain, it is `drain_timeout`, lost, and said so.
     pub(super) fn report(&self, report: Report<'_>, mut in_flight: InFlight) {
         match report {
             // Settled with the others the reports bring meanwhile, on the settling thread.
@@ -139,15 +151,11 @@ impl ShipContext {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
                 // Purged in flight (sent, unanswered) or a broker's own error code: it went out.
-                if error
+                // Otherwise it may have, if requests reached a broker since it was handed over.
+                let went_out = error
                     .rdkafka_error_code()
-                    .is_some_and(|code| code == RDKafkaErrorCode::PurgeInflight || (code as i32) >= 0)
-                {
-                    self.reached_a_broker();
-                }
-                // It was with librdkafka, connected: whatever the report says, an attempt may
-                // have been stored.
-                if self.reached_broker.load(Ordering::Relaxed) {
+                    .is_some_and(|code| code == RDKafkaErrorCode::PurgeInflight || (code as i32) >= 0);
+                if went_out || self.contacts() > in_flight.contacts_at_hand_off {
                     in_flight.may_be_stored();
                 }
                 if in_flight.maybe_stored() && in_flight.pos.is_none() && self.last_purge.load(Ordering::Relaxed) {

@@ -73,7 +73,26 @@ pub(super) struct SegmentState {
     pub(super) skips: Vec<(u64, u64)>,
 }
 
+/// What names a segment's records across a restart: its id, its first record's ingest time
+/// and its record count (`segment first_ingest_ms records` in [`MAYBE_STORED_FILE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SegmentFingerprint {
+    segment: u64,
+    first_ingest_ms: u64,
+    records: u64,
+}
+
+impl std::fmt::Display for SegmentFingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.segment, self.first_ingest_ms, self.records)
+    }
+}
+
 impl SegmentState {
+    pub(super) fn fingerprint(&self, segment: u64) -> SegmentFingerprint {
+        SegmentFingerprint { segment, first_ingest_ms: self.first_ingest_ms.unwrap_or(0), records: self.records }
+    }
+
     pub(super) fn disk_only(&self, index: u32) -> bool {
         !self.in_memory.get(index) && !self.finished.get(index)
     }
@@ -239,9 +258,14 @@ impl Spool {
 
     /// Writes which records still owed Kafka may hold ([`MAYBE_STORED_FILE`]) for the next start,
     /// at the end of a drain (written beside it and renamed into place). Returns how many.
-    /// Blocking. A run that ends without it (SIGKILL, a full disk) leaves the next one without
-    /// those marks: a record among them lost later is counted as never stored — over-counted
-    /// as lost, never lost uncounted.
+    /// Blocking. A run that ends without it (SIGKILL, a full disk) leaves the next one the marks
+    /// of the run before (still true of the records they name, which are checked) or none: a
+    /// record among them lost later is counted as never stored — over-counted as lost, never
+    /// lost uncounted.
+    ///
+    /// Each line names a record by its segment's fingerprint (id, first ingest time, records)
+    /// and its index: a mark never lands on a record it was not written for (segment ids start
+    /// again at 0 when the spool is empty; a repaired segment may have shifted its records).
     pub fn save_maybe_stored(&self) -> io::Result<usize> {
         let positions = self.maybe_stored_positions();
         let path = self.config.dir.join(MAYBE_STORED_FILE);
@@ -251,9 +275,9 @@ impl Spool {
                 _ => Ok(0),
             };
         }
-        let mut text = String::with_capacity(positions.len() * 16);
-        for (segment, index) in &positions {
-            text.push_str(&format!("{segment} {index}\n"));
+        let mut text = String::with_capacity(positions.len() * 40);
+        for (fingerprint, index) in &positions {
+            text.push_str(&format!("{fingerprint} {index}\n"));
         }
         let partial = self.config.dir.join(format!("{MAYBE_STORED_FILE}.partial"));
         std::fs::write(&partial, text)?;
@@ -262,38 +286,32 @@ impl Spool {
     }
 
     /// Reads the marks an earlier run left ([`MAYBE_STORED_FILE`]) onto the records the spool
-    /// recovered, and removes the file (the marks are in the ledger now; the drain writes them
-    /// again). Returns how many were set. Blocking. (A segment recovery repaired may have shifted
-    /// its records: a mark may then land on a neighbour — counted `unconfirmed` if lost, never
-    /// lost uncounted.)
+    /// recovered whose segment still has the fingerprint the mark was written with. The file
+    /// stays (a start that fails after this loses nothing); the next drain replaces it.
+    /// Returns how many were set. Blocking.
     pub(super) fn load_maybe_stored(&self) -> usize {
         let path = self.config.dir.join(MAYBE_STORED_FILE);
         let Ok(text) = std::fs::read_to_string(&path) else { return 0 };
         let mut state = self.lock();
         let mut set = 0;
         for line in text.lines() {
-            let mut parts = line.split(' ');
-            let (Some(Ok(segment)), Some(Ok(index))) =
-                (parts.next().map(str::parse::<u64>), parts.next().map(str::parse::<u32>))
-            else {
-                continue;
-            };
-            if let Some(segment) = state.segments.get_mut(&segment)
-                && u64::from(index) < segment.records
+            let numbers: Vec<u64> = line.split(' ').map_while(|part| part.parse().ok()).collect();
+            let &[segment, first_ingest_ms, records, index] = numbers.as_slice() else { continue };
+            let Ok(index) = u32::try_from(index) else { continue };
+            if let Some(state) = state.segments.get_mut(&segment)
+                && state.fingerprint(segment) == (SegmentFingerprint { segment, first_ingest_ms, records })
+                && u64::from(index) < records
+                && !state.maybe_stored.get(index)
             {
-                segment.maybe_stored.set(index, true);
+                state.maybe_stored.set(index, true);
                 set += 1;
             }
-        }
-        drop(state);
-        if let Err(error) = std::fs::remove_file(&path) {
-            warn!(%error, "cannot remove the spool's maybe-stored marks after reading them");
         }
         set
     }
 
     /// The records not finished that Kafka may hold, for [`MAYBE_STORED_FILE`].
-    pub(super) fn maybe_stored_positions(&self) -> Vec<(u64, u32)> {
+    pub(super) fn maybe_stored_positions(&self) -> Vec<(SegmentFingerprint, u32)> {
         let state = self.lock();
         let mut positions = Vec::new();
         for (id, segment) in &state.segments {
@@ -301,12 +319,25 @@ impl Spool {
                 for bit in 0..64u32 {
                     let index = word_at as u32 * 64 + bit;
                     if word & (1 << bit) != 0 && !segment.finished.get(index) {
-                        positions.push((*id, index));
+                        positions.push((segment.fingerprint(*id), index));
                     }
                 }
             }
         }
         positions
+    }
+
+    /// Records held in memory and not finished that are at none of `queued`: with librdkafka
+    /// still (a close that did not end by the drain deadline), so Kafka may hold them. Marked.
+    pub fn mark_held_elsewhere(&self, queued: &std::collections::HashSet<(u64, u32)>) {
+        let mut state = self.lock();
+        for (id, segment) in state.segments.iter_mut() {
+            for index in 0..u32::try_from(segment.records).unwrap_or(u32::MAX) {
+                if segment.in_memory.get(index) && !segment.finished.get(index) && !queued.contains(&(*id, index)) {
+                    segment.maybe_stored.set(index, true);
+                }
+            }
+        }
     }
 
     /// A record is acknowledged by Kafka or counted as dropped. Returns whether its segment

@@ -676,3 +676,41 @@ fn a_record_kafka_may_hold_stays_marked_across_a_restart_and_is_counted_apart_wh
     let dropped = spool.drop_oldest().expect("a sealed segment");
     assert_eq!((dropped.lost, dropped.lost_maybe_stored), (in_first, 2));
 }
+
+/// Issue 30 (cold review): the marks file was read by segment id and index alone, and deleted as
+/// soon as it was read. A file older than the segments (ids start again at 0 once the spool is
+/// empty) put marks on records that were never sent; a start that failed after reading it lost
+/// the marks for good. A mark applies only to the segment it was written for, and stays until
+/// the next drain writes the file again.
+#[test]
+fn a_mark_applies_only_to_the_segment_it_was_written_for_and_outlives_a_failed_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let positions = {
+        let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+        let positions = append_all(&mut writer, &payloads(3));
+        spool.may_be_stored([positions[0]]);
+        assert_eq!(spool.save_maybe_stored().expect("saved"), 1);
+        positions
+    };
+    // A start that reads the marks and then fails (a port in use): the next one still has them.
+    drop(Spool::open(config(dir.path())).expect("a start that fails later"));
+    let (spool, _writer, _) = Spool::open(config(dir.path())).expect("reopen");
+    assert!(spool.maybe_stored(positions[0]), "the marks outlive a start that failed");
+    drop((spool, _writer));
+
+    // The marks file outlives its segment; a new segment takes the same id, with other records.
+    let marks = std::fs::read(dir.path().join(super::ledger::MAYBE_STORED_FILE)).expect("marks");
+    let other = tempfile::tempdir().expect("tempdir");
+    let new_positions = {
+        let (_spool, mut writer, _) = Spool::open(config(other.path())).expect("open");
+        let later: Vec<Entry<'_>> = [b"later 0", b"later 1", b"later 2"]
+            .iter()
+            .map(|payload| Entry { ingest_ms: 9_000, key: None, payload: payload.as_slice() })
+            .collect();
+        writer.append(&later).positions
+    };
+    assert_eq!(new_positions[0].segment, positions[0].segment, "the same id again");
+    std::fs::write(other.path().join(super::ledger::MAYBE_STORED_FILE), marks).expect("stale marks");
+    let (spool, _writer, _) = Spool::open(config(other.path())).expect("reopen");
+    assert!(new_positions.iter().all(|pos| !spool.maybe_stored(*pos)), "a stale mark lands on no record");
+}
