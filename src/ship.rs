@@ -542,7 +542,6 @@ impl Shipper {
             base = base.key(&key[..]);
         }
         loop {
-            base.delivery_opaque.contacts_at_hand_off = producer.context().contacts();
             match producer.send(base) {
                 Ok(()) => return,
                 Err((error, returned)) => {

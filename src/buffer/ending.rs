@@ -38,10 +38,6 @@ pub struct InFlight {
     maybe_stored: bool,
     /// The message's length, for the delivered bytes.
     payload_len: usize,
-    /// The producer's count of signs that its requests reach a broker when this record was
-    /// handed to it (`ship::report`): a record handed back may have been stored only if the
-    /// count grew since.
-    pub(crate) contacts_at_hand_off: u64,
 }
 
 impl InFlight {
@@ -49,20 +45,7 @@ impl InFlight {
     pub fn new(record: Record) -> (Bytes, Option<Bytes>, Box<InFlight>) {
         let Record { payload, key, lease, retries, pos, ingest_ms, ack, maybe_stored } = record;
         let payload_len = payload.len();
-        (
-            payload,
-            key,
-            Box::new(InFlight {
-                lease,
-                retries,
-                pos,
-                ingest_ms,
-                ack,
-                maybe_stored,
-                payload_len,
-                contacts_at_hand_off: 0,
-            }),
-        )
+        (payload, key, Box::new(InFlight { lease, retries, pos, ingest_ms, ack, maybe_stored, payload_len }))
     }
 
     /// When the agent read the record (Unix ms).

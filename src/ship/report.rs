@@ -34,10 +34,12 @@ pub struct ShipContext {
     retried: Counter,
     errors: Arc<telemetry::librdkafka::ErrorTotals>,
     /// Signs of this producer's requests reaching a broker, counted: a success, Produce
-    /// requests sent (statistics), a connection lost "in state UP". A record handed back
-    /// without a success may have been stored only if the count grew after it was handed over
-    /// (`InFlight::contacts_at_hand_off`): one queued through an outage that reached no broker
-    /// was never sent.
+    /// requests sent (statistics), a connection lost "in state UP" (its log or a client error).
+    /// Once there is one, a record it hands back without a success may have been stored; before,
+    /// none can have been (nothing reached Kafka). Deliberately not "since the record was handed
+    /// over": that rule counted 470 stored records lost in the soak (seed 2086022712: a batch
+    /// timed out in librdkafka's queue with no sign after its hand-off), so a record queued
+    /// through a later outage is over-counted `unconfirmed` rather than a stored one `lost`.
     pub(super) contacts: AtomicU64,
     /// Produce requests sent, as the last statistics counted them.
     produce_requests: AtomicU64,
@@ -85,6 +87,11 @@ impl ClientContext for ShipContext {
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        // librdkafka says a connection that was up went down in its log (`FAIL`), not always
+        // as a client error (the soak: a broker SIGKILLed with requests in flight).
+        if message.contains("in state UP") {
+            self.reached_a_broker();
+        }
         telemetry::librdkafka::log(level, facility, message);
     }
 }
@@ -100,7 +107,7 @@ impl ShipContext {
         self.contacts.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The signs of contact so far, stamped on a record as it is handed to librdkafka.
+    /// The signs of contact so far.
     pub(super) fn contacts(&self) -> u64 {
         self.contacts.load(Ordering::Relaxed)
     }
@@ -130,13 +137,13 @@ impl ShipContext {
     /// reading librdkafka's message (the seam the model-based test drives with a fake producer).
     ///
     /// A record that comes back from librdkafka without a success, from a producer that has been
-    /// reached a broker since it was handed over, may be stored in Kafka: it carries that on, through its retries, to
+    /// whose requests have reached a broker, may be stored in Kafka: it carries that on, through its retries, to
     /// the drain, where what Kafka may hold is counted `unconfirmed`, never `drain_timeout` ("not
     /// stored"). librdkafka's own per-message status (`rd_kafka_message_status`) is not relied
     /// on: after a broker restart its idempotent producer resets its producer id and reports a
     /// batch the broker had appended as "not persisted" (the soak found 467 such records counted
-    /// lost: issue 30). A record handed over while no request reached a broker cannot have been
-    /// stored: given up at the drain, it is `drain_timeout`, lost, and said so.
+    /// lost: issue 30). A producer none of whose requests reached a broker stored nothing: what it
+    /// hands back, given up at the drain, is `drain_timeout`, lost, and said so.
     pub(super) fn report(&self, report: Report<'_>, mut in_flight: InFlight) {
         match report {
             // Settled with the others the reports bring meanwhile, on the settling thread.
@@ -151,11 +158,11 @@ impl ShipContext {
                 let reason = reason(error);
                 metrics::counter!(telemetry::SHIP_DELIVERY_ERRORS, telemetry::REASON => reason.clone()).increment(1);
                 // Purged in flight (sent, unanswered) or a broker's own error code: it went out.
-                // Otherwise it may have, if requests reached a broker since it was handed over.
+                // Otherwise it may have, once this producer's requests have reached a broker.
                 let went_out = error
                     .rdkafka_error_code()
                     .is_some_and(|code| code == RDKafkaErrorCode::PurgeInflight || (code as i32) >= 0);
-                if went_out || self.contacts() > in_flight.contacts_at_hand_off {
+                if went_out || self.contacts() > 0 {
                     in_flight.may_be_stored();
                 }
                 if in_flight.maybe_stored() && in_flight.pos.is_none() && self.last_purge.load(Ordering::Relaxed) {
