@@ -1,0 +1,138 @@
+"""Reconnecting, and acknowledged mode: resend what was not acknowledged, count NAKs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from sluice_logging._sender import Backoff
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_sender_connects_when_the_agent_appears_later(agents, handlers, logger_for):
+    handler = handlers()
+    log = logger_for(handler)
+    log.info("before the agent")
+    assert wait_until(lambda: handler.stats()["last_error"] == "ENOENT")
+
+    agent = agents().start()
+    assert [r["message"] for r in agent.expect(1)] == ["before the agent"]
+    assert handler.stats()["reconnects"] == 0
+
+
+def test_a_stale_socket_file_is_retried_like_a_missing_one(socket_path, agents, handlers, logger_for):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(socket_path)  # bound, never listening: connect() gets ECONNREFUSED
+    handler = handlers()
+    logger_for(handler).info("waits for the agent")
+    assert wait_until(lambda: handler.stats()["last_error"] == "ECONNREFUSED")
+    stale.close()
+    os.unlink(socket_path)
+    agent = agents().start()
+    assert agent.expect(1)[0]["message"] == "waits for the agent"
+
+
+def test_the_sender_reconnects_after_the_agent_restarts(agent, handlers, logger_for):
+    handler = handlers()
+    log = logger_for(handler)
+    log.info("first")
+    assert agent.expect(1)
+
+    agent.stop()
+    for i in range(5):
+        log.info("during the restart %d", i)  # queued; the first write after the stop fails
+    time.sleep(0.1)
+    agent.start()
+
+    messages = [r["message"] for r in agent.expect(6)]
+    assert messages == ["first"] + [f"during the restart {i}" for i in range(5)]
+    assert handler.stats()["reconnects"] >= 1
+
+
+def test_backoff_grows_with_jitter_up_to_its_cap_and_resets():
+    backoff = Backoff(first=0.02, largest=2.0)
+    delays = [backoff.next() for _ in range(12)]
+    assert 0.01 <= delays[0] <= 0.02
+    assert all(delay <= 2.0 for delay in delays)
+    assert delays[-1] >= 1.0
+    backoff.reset()
+    assert backoff.next() <= 0.02
+
+
+def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handlers, logger_for):
+    agent = agents()
+    agent.hold_acks = True
+    agent.start()
+    handler = handlers(acknowledged=True)
+    log = logger_for(handler)
+    for i in range(3):
+        log.info("unacknowledged %d", i)
+    assert agent.wait_for_lines(3)
+    assert handler.stats()["unacknowledged"] == 3
+    assert handler.flush(0.2) is False, "flush waits for the ACKs in acknowledged mode"
+
+    agent.stop()  # the ACKs never come: the connection is lost
+    agent.hold_acks = False
+    agent.start()
+    log.info("after the restart")
+
+    assert handler.flush(5)
+    messages = [r["message"] for r in agent.records()]
+    assert messages == [f"unacknowledged {i}" for i in range(3)] * 2 + ["after the restart"]
+    stats = handler.stats()
+    assert stats["acknowledged"] == 4 and stats["unacknowledged"] == 0
+    assert stats["sent"] == 7, "three of them twice"
+    assert stats["ack_point"] == "spooled" and stats["reconnects"] == 1
+
+
+def test_ack_mode_counts_naks_by_reason_and_does_not_resend_them(agents, handlers, logger_for):
+    agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None).start()
+    handler = handlers(acknowledged=True)
+    log = logger_for(handler)
+    log.info("keep 1")
+    log.info("refuse me")
+    log.info("keep 2")
+    log.info("refuse me")
+    assert handler.flush(5)
+
+    stats = handler.stats()
+    assert stats["nak"] == {"rate_limited": 2}
+    assert stats["acknowledged"] == 2 and stats["unacknowledged"] == 0 and stats["queued_bytes"] == 0
+
+    agent.restart()
+    log.info("keep 3")
+    assert handler.flush(5)
+    assert [r["message"] for r in agent.records()] == ["keep 1", "keep 2", "keep 3"]
+    assert len(agent.rejected) == 2, "NAK'd records are not sent again"
+
+
+def test_ack_mode_never_evicts_records_awaiting_acknowledgement(agents, handlers, logger_for):
+    agent = agents()
+    agent.hold_acks = True
+    agent.start()
+    handler = handlers(acknowledged=True, max_queue_records=4, drop_below_warning_at=None)
+    log = logger_for(handler)
+    for i in range(4):
+        log.error("awaiting ack %d", i)
+    assert agent.wait_for_lines(4)
+    log.critical("no room: sent records still count")
+    stats = handler.stats()
+    assert stats["unacknowledged"] == 4
+    assert stats["dropped"] == {"full": {"critical": 1}}
+
+    agent.hold_acks = False
+    assert handler.flush(5)
+    log.error("room again")
+    assert handler.flush(5)
+    messages = [r["message"] for r in agent.records() if "sluice.client" not in r]
+    assert messages == [f"awaiting ack {i}" for i in range(4)] + ["room again"]
+    assert any(r.get("sluice.client") == "dropped" for r in agent.records())
