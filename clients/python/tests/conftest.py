@@ -11,6 +11,7 @@ from typing import Callable, Iterator, List
 import pytest
 
 from fake_agent import FakeAgent
+from real_agent import RealAgents
 from sluice_logging import SluiceHandler
 
 
@@ -81,3 +82,20 @@ def logger_for() -> Callable[[logging.Handler], logging.Logger]:
     yield make
     for logger in made:
         logger.handlers.clear()
+
+
+@pytest.fixture
+def real_agents(socket_path: str) -> Iterator[RealAgents]:
+    """Makes real agents (``SLUICE_BIN``) on ``socket_path``, shipping to ``SLUICE_TEST_KAFKA``;
+    every process they started is stopped at the end, whatever the test did."""
+    binary = os.environ.get("SLUICE_BIN")
+    if not binary:
+        pytest.skip("SLUICE_BIN is not set: the path of a built `sluice` binary runs these tests")
+    brokers = os.environ.get("SLUICE_TEST_KAFKA")
+    if not brokers:
+        pytest.skip("SLUICE_TEST_KAFKA is not set: a Kafka bootstrap address (`scripts/stack env`)")
+    agents = RealAgents(binary, brokers, os.path.dirname(socket_path), socket_path)
+    try:
+        yield agents
+    finally:
+        agents.stop_all()
