@@ -44,6 +44,7 @@ use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::ingest::session::ClientStamp;
 use crate::telemetry::outcome::DeadLetterReason;
 
 #[cfg(test)]
@@ -142,6 +143,16 @@ impl PodMetadata {
         ]
     }
 
+    /// `namespace/name`, or the host's name where the Downward API gives no pod name.
+    pub fn identity(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{}/{name}", self.namespace.as_deref().unwrap_or("")),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|host| format!("host:{}", host.trim()))
+                .unwrap_or_else(|_| "host:".to_string()),
+        }
+    }
+
     /// Refuses a field no Kubernetes name can be (it would not fit the binary header).
     pub fn check(&self) -> Result<(), PodFieldTooLong> {
         for (variable, _, _, value) in self.fields() {
@@ -214,6 +225,8 @@ pub struct EnvelopeWriter {
     pod_binary: Vec<u8>,
     /// [`EnvelopeKind`] as a number: `ship.envelope` may change on a reload.
     kind: AtomicU8,
+    /// `namespace/name` of the pod, or the host's name ([`EnvelopeWriter::pod_identity`]).
+    pod_identity: String,
 }
 
 impl EnvelopeWriter {
@@ -249,6 +262,7 @@ impl EnvelopeWriter {
             pod_flags,
             pod_binary,
             kind: AtomicU8::new(0),
+            pod_identity: pod.identity(),
         };
         writer.set_kind(kind);
         writer
@@ -287,12 +301,41 @@ impl EnvelopeWriter {
     pub fn write(&self, line: &str, peer: &PeerFragment, now: DateTime<Utc>, out: &mut BytesMut) {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         match self.kind() {
-            EnvelopeKind::Binary => self.write_binary(sequence, line, peer.peer, now, out),
-            EnvelopeKind::Json => self.write_json(sequence, line, &peer.json, now, out),
+            EnvelopeKind::Binary => {
+                self.write_binary(self.instance.as_bytes(), sequence, line, peer.peer, now, out);
+            }
+            EnvelopeKind::Json => self.write_json(&self.instance_text, sequence, line, &peer.json, now, out),
         }
     }
 
-    fn write_binary(&self, sequence: u64, line: &str, peer: Option<Peer>, now: DateTime<Utc>, out: &mut BytesMut) {
+    /// [`EnvelopeWriter::write`] for a record of a client session (`ingest::session`): its id
+    /// and key time are the ones the client gave it, the same each time it is sent again.
+    pub fn write_stamped(&self, line: &str, peer: &PeerFragment, stamp: &ClientStamp, out: &mut BytesMut) {
+        match self.kind() {
+            EnvelopeKind::Binary => self.write_binary(&stamp.instance, stamp.seq, line, peer.peer, stamp.time, out),
+            EnvelopeKind::Json => {
+                let instance = uuid::Uuid::from_bytes(stamp.instance).simple().to_string();
+                self.write_json(&instance, stamp.seq, line, &peer.json, stamp.time, out);
+            }
+        }
+    }
+
+    /// Who this agent's pod is, for the instance of a client session's records
+    /// ([`crate::ingest::session::session_instance`]): `namespace/name` from the Downward API, or
+    /// the host's name outside Kubernetes.
+    pub fn pod_identity(&self) -> &str {
+        &self.pod_identity
+    }
+
+    fn write_binary(
+        &self,
+        instance: &[u8; 16],
+        sequence: u64,
+        line: &str,
+        peer: Option<Peer>,
+        now: DateTime<Utc>,
+        out: &mut BytesMut,
+    ) {
         let mut flags = self.pod_flags;
         let mut peer_len = 0;
         if let Some(peer) = peer {
@@ -308,7 +351,7 @@ impl EnvelopeWriter {
         out.put_u8(BINARY_VERSION);
         // At most BINARY_FIXED + 12 + 4 × (2 + MAX_POD_FIELD): far below u16::MAX.
         out.put_u16(header as u16);
-        out.extend_from_slice(self.instance.as_bytes());
+        out.extend_from_slice(instance);
         out.put_u64(sequence);
         out.put_i64(now.timestamp_micros());
         out.put_u8(flags);
@@ -323,11 +366,19 @@ impl EnvelopeWriter {
         out.extend_from_slice(line.as_bytes());
     }
 
-    fn write_json(&self, sequence: u64, line: &str, peer_json: &str, now: DateTime<Utc>, out: &mut BytesMut) {
+    fn write_json(
+        &self,
+        instance_text: &str,
+        sequence: u64,
+        line: &str,
+        peer_json: &str,
+        now: DateTime<Utc>,
+        out: &mut BytesMut,
+    ) {
         let format = if is_json_object(line) { Format::Json } else { Format::Text };
         out.reserve(line.len() + 160 + self.pod_json.len() + peer_json.len());
         out.extend_from_slice(b"{\"v\":1,\"id\":\"");
-        out.extend_from_slice(self.instance_text.as_bytes());
+        out.extend_from_slice(instance_text.as_bytes());
         out.put_u8(b'-');
         out.extend_from_slice(itoa::Buffer::new().format(sequence).as_bytes());
         out.extend_from_slice(b"\",\"ingest_time\":\"");

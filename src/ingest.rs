@@ -39,6 +39,7 @@ pub mod limit;
 pub mod paced;
 pub mod record;
 mod replies;
+pub mod session;
 pub mod sink;
 pub mod syslog;
 

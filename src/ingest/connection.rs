@@ -11,7 +11,9 @@
 //! Acknowledged mode (`lines`, `octet_counted`): a connection whose first record is exactly
 //! [`ACK_HANDSHAKE`] gets an `OK <point>` line back and from then on `ACK <n>` lines (records
 //! 1..=n of this connection are settled) and `NAK <n> <reason>` lines (record n was refused),
-//! written by a second task so reading never waits for the writer to read. See
+//! written by a second task so reading never waits for the writer to read. A first record
+//! that is a client session's handshake (`SLUICE/2 ACK …`, [`super::session`]) does the same
+//! with the client's numbers, and each record carries the id and time the client gave it. See
 //! `docs/PROTOCOL.md`.
 
 use std::sync::Arc;
@@ -29,6 +31,7 @@ use super::forward::{self, ForwardFramer};
 use super::framing::{Frame, LineFramer, OctetFramer, SyslogFramer, Unfinished};
 use super::paced::PacedStream;
 use super::replies::{PendingChunk, Replies};
+use super::session::{self, ClientStamp, Session};
 use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
 use crate::buffer::ack::AckTracker;
@@ -125,6 +128,8 @@ pub async fn serve(
         Replies { write_half: None, tracker: None, task: None, chunks: None, writer_gone: CancellationToken::new() };
     let idle = listener.config.idle_timeout;
     let mut first = true;
+    // A client session (`SLUICE/2 ACK`), with the instance its records carry.
+    let mut session: Option<(Session, [u8; 16])> = None;
     let mut draining = false;
     // The read side is shut: what is queued is read to its end, nothing more can come.
     let mut read_shut = false;
@@ -228,14 +233,34 @@ pub async fn serve(
             }
             None => break,
         };
-        let handshake = first && matches!(&frame, Frame::Record(bytes) if bytes.as_ref() == ACK_HANDSHAKE);
+        let lines = matches!(listener.protocol, Protocol::Lines | Protocol::OctetCounted);
+        let handshake = first && lines && matches!(&frame, Frame::Record(bytes) if bytes.as_ref() == ACK_HANDSHAKE);
+        let session_line = match &frame {
+            Frame::Record(bytes) if first && lines => Session::parse(bytes),
+            _ => None,
+        };
         first = false;
         match frame {
-            Frame::Record(_) if handshake && matches!(listener.protocol, Protocol::Lines | Protocol::OctetCounted) => {
+            Frame::Record(_) if handshake => {
                 frames.get_mut().stop_ticking();
                 replies.write_half = acknowledgement_handle(frames.get_ref());
-                replies.start_line_acks(&ingest);
+                replies.start_line_acks(&ingest, 0);
             }
+            Frame::Record(_) if session_line.is_some() => match session_line {
+                Some(Ok(opened)) => {
+                    frames.get_mut().stop_ticking();
+                    replies.write_half = acknowledgement_handle(frames.get_ref());
+                    replies.start_line_acks(&ingest, opened.first - 1);
+                    let instance = session::session_instance(ingest.envelopes.pod_identity(), &opened.session);
+                    session = Some((opened, instance));
+                }
+                _ => {
+                    // The writer asked for acknowledgements it cannot have: closed, counted.
+                    debug!("malformed session handshake; closing connection");
+                    listener.metrics.rejected(Rejected::Malformed);
+                    break;
+                }
+            },
             Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
                 forward_message(&bytes, frames.get_ref(), &mut sink, &mut replies, &ingest, &listener).await;
                 if replies.task.is_some() {
@@ -281,14 +306,19 @@ pub async fn serve(
                             continue;
                         }
                         Err(Unnumbered::WriterGone) => {
-                            sink.offer(&bytes, None).await;
+                            let n = replies.tracker.as_ref().map_or(0, |tracker| tracker.issued()) + 1;
+                            offer_line(&mut sink, &bytes, None, session.as_ref().map(|session| (session, n))).await;
                             debug!("acknowledgements cannot be written; closing connection");
                             break;
                         }
                     },
                     None => None,
                 };
-                sink.offer(&bytes, ack).await;
+                let numbered = match (&session, &ack) {
+                    (Some(session), Some(ack)) => Some((session, ack.seq())),
+                    _ => None,
+                };
+                offer_line(&mut sink, &bytes, ack, numbered).await;
             }
             Frame::TooLarge { len } => {
                 debug!(len, "record too large");
@@ -368,6 +398,32 @@ async fn count_unread(
             Frame::Truncated { .. } => sink.reject(Rejected::Truncated, replies.line_ack(ingest).await),
             Frame::Broken(reason) => sink.reject(reason, replies.line_ack(ingest).await),
         }
+    }
+}
+
+/// Offers an acknowledged line: as it is, or, on a client session's connection (`session` with
+/// the agent's number `n` of the record), split into the client's time and the record, stamped
+/// with the session's id for the client's number of it. A session line without the time is
+/// refused `malformed`.
+async fn offer_line(
+    sink: &mut RecordSink<'_>,
+    bytes: &[u8],
+    ack: Option<crate::buffer::ack::Ack>,
+    session: Option<(&(Session, [u8; 16]), u64)>,
+) {
+    let Some(((opened, instance), n)) = session else {
+        return sink.offer(bytes, ack).await;
+    };
+    match session::split_line(bytes) {
+        Some((micros, record)) => {
+            let stamp = ClientStamp {
+                instance: *instance,
+                seq: opened.seq(n),
+                time: session::key_time(micros, chrono::Utc::now()),
+            };
+            sink.offer_stamped(record, ack, stamp).await;
+        }
+        None => sink.reject(Rejected::Malformed, ack),
     }
 }
 

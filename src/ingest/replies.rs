@@ -34,8 +34,9 @@ pub(super) struct Replies {
 }
 
 impl Replies {
-    /// Acknowledged lines: every record from now on is numbered.
-    pub(super) fn start_line_acks(&mut self, ingest: &IngestContext) {
+    /// Acknowledged lines: every record from now on is numbered. `ACK` and `NAK` lines carry the
+    /// agent's numbers plus `offset` (a client session's numbers start at its `first`).
+    pub(super) fn start_line_acks(&mut self, ingest: &IngestContext, offset: u64) {
         let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
         if let Some(writer) = self.registered_writer() {
             let gone = self.writer_gone.clone().drop_guard();
@@ -43,7 +44,7 @@ impl Replies {
             let tracker = tracker.clone();
             self.task = Some(tokio::spawn(async move {
                 let _gone = gone;
-                write_line_acks(writer, tracker, abandon).await;
+                write_line_acks(writer, tracker, offset, abandon).await;
             }));
         }
         self.tracker = Some(tracker);
@@ -112,7 +113,12 @@ impl Replies {
 
 /// Writes `OK`, then `NAK`/`ACK` lines as records settle, until all are reported after the
 /// reader finished, the peer goes away, or the drain deadline passes.
-async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, abandon: CancellationToken) {
+async fn write_line_acks(
+    mut writer: OwnedWriteHalf,
+    tracker: Arc<AckTracker>,
+    offset: u64,
+    abandon: CancellationToken,
+) {
     let hello = format!("OK {}\n", tracker.point().as_str());
     if !write_acks(&mut writer, hello.as_bytes(), &abandon).await {
         return;
@@ -126,8 +132,10 @@ async fn write_line_acks(mut writer: OwnedWriteHalf, tracker: Arc<AckTracker>, a
         text.clear();
         for event in events {
             match event {
-                AckEvent::Refused { seq, reason } => text.push_str(&format!("NAK {seq} {}\n", reason.as_str())),
-                AckEvent::Upto(seq) => text.push_str(&format!("ACK {seq}\n")),
+                AckEvent::Refused { seq, reason } => {
+                    text.push_str(&format!("NAK {} {}\n", seq + offset, reason.as_str()));
+                }
+                AckEvent::Upto(seq) => text.push_str(&format!("ACK {}\n", seq + offset)),
             }
         }
         if !write_acks(&mut writer, text.as_bytes(), &abandon).await {

@@ -17,6 +17,7 @@ use crate::buffer::ack::Ack;
 use crate::buffer::{Admission, Record};
 use crate::config::{Protocol, RateLimitAction};
 use crate::envelope::PeerFragment;
+use crate::ingest::session::ClientStamp;
 use crate::telemetry::outcome::{Failed, Rejected};
 
 /// Flush local counters after this many records.
@@ -71,6 +72,9 @@ pub struct RecordSink<'a> {
     pending: Vec<Record>,
     /// Set while [`RecordSink::offer_many`] runs.
     batching: bool,
+    /// The id and key time the record being offered carries (a client session's,
+    /// [`RecordSink::offer_stamped`]); none: the agent's own.
+    stamp: Option<ClientStamp>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
     records: u64,
     bytes: u64,
@@ -94,6 +98,7 @@ impl<'a> RecordSink<'a> {
             key_rule: None,
             pending: Vec::new(),
             batching: false,
+            stamp: None,
             transformed: Vec::new(),
             records: 0,
             bytes: 0,
@@ -124,6 +129,14 @@ impl<'a> RecordSink<'a> {
         } else {
             self.submit(text, bytes.len(), ack).await;
         }
+    }
+
+    /// [`RecordSink::offer`] for a record of a client session: its envelope carries `stamp`'s id
+    /// and key time, the same each time the client sends it.
+    pub async fn offer_stamped(&mut self, bytes: &[u8], ack: Option<Ack>, stamp: ClientStamp) {
+        self.stamp = Some(stamp);
+        self.offer(bytes, ack).await;
+        self.stamp = None;
     }
 
     /// Offers records read together (the lines of one read, no acknowledgements asked), as
@@ -186,17 +199,23 @@ impl<'a> RecordSink<'a> {
             }
         }
         let now = chrono::Utc::now();
+        let stamp = self.stamp.take();
+        let envelopes = &self.ingest.envelopes;
+        let write = |out: &mut BytesMut| match &stamp {
+            Some(stamp) => envelopes.write_stamped(text, &self.peer, stamp, out),
+            None => envelopes.write(text, &self.peer, now, out),
+        };
         // Room for the envelope (a JSON envelope's escapes beyond it are reserved as written).
-        let room = text.len() + self.ingest.envelopes.headroom();
+        let room = text.len() + envelopes.headroom();
         let payload = if room <= ARENA_RECORD {
             if self.arena.capacity() - self.arena.len() < room {
                 self.arena = BytesMut::with_capacity(ARENA_BYTES);
             }
-            self.ingest.envelopes.write(text, &self.peer, now, &mut self.arena);
+            write(&mut self.arena);
             self.arena.split().freeze()
         } else {
             let mut own = BytesMut::with_capacity(room);
-            self.ingest.envelopes.write(text, &self.peer, now, &mut own);
+            write(&mut own);
             own.freeze()
         };
         let key = match self.ingest.key.current(&mut self.key_rule) {

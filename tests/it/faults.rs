@@ -20,13 +20,6 @@ fn outage() -> Duration {
     Duration::from_secs(std::env::var("SLUICE_FAULT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30))
 }
 
-/// The numbers of run `tag` stored in `logs`, with repeats.
-async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
-    let rows = db.query("SELECT coalesce(record::text, message) FROM logs", &[]).await.expect("payloads");
-    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
-    numbers_in(tag, &payloads)
-}
-
 /// Waits until `logs` holds `n` rows and nothing more can arrive (a late duplicate would show
 /// by then), then returns the stored numbers.
 async fn wait_for_numbers(config: &TestConfig, db: &tokio_postgres::Client, tag: &str, n: u64) -> Vec<u64> {
@@ -40,16 +33,6 @@ async fn wait_for_numbers(config: &TestConfig, db: &tokio_postgres::Client, tag:
 async fn ships_a_second_more(admin: std::net::SocketAddr, rate: u64) {
     let delivered = scrape(admin).await.count(telemetry::SHIP_DELIVERED, &[]);
     until_metric_at_least(admin, telemetry::SHIP_DELIVERED, &[], delivered + rate as f64).await;
-}
-
-fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
-    let expected: BTreeSet<u64> = expected.into_iter().collect();
-    let stored: BTreeSet<u64> = numbers.iter().copied().collect();
-    assert_eq!(numbers.len(), stored.len(), "duplicate rows");
-    let missing: Vec<_> = expected.difference(&stored).take(10).collect();
-    assert!(missing.is_empty(), "{} records missing, e.g. {missing:?}", expected.difference(&stored).count());
-    let unexpected: Vec<_> = stored.difference(&expected).take(10).collect();
-    assert!(unexpected.is_empty(), "unexpected records {unexpected:?}");
 }
 
 impl BrokerPipeline {

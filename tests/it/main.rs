@@ -16,6 +16,7 @@ mod pipeline;
 mod protocols;
 mod reload;
 mod schema;
+mod sessions;
 mod soak;
 mod support;
 mod tls;

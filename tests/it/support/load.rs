@@ -25,6 +25,25 @@ pub fn numbers_in(tag: &str, payloads: &[String]) -> Vec<u64> {
     payloads.iter().filter_map(|p| p.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).collect()
 }
 
+/// The numbers of run `tag` stored in `logs`, with repeats.
+pub async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
+    let rows = db.query("SELECT coalesce(record::text, message) FROM logs", &[]).await.expect("payloads");
+    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    numbers_in(tag, &payloads)
+}
+
+/// Each of `expected` stored exactly once among `numbers` (what [`stored_numbers`] read), and
+/// nothing else.
+pub fn assert_each_once(numbers: &[u64], expected: impl IntoIterator<Item = u64>) {
+    let expected: std::collections::BTreeSet<u64> = expected.into_iter().collect();
+    let stored: std::collections::BTreeSet<u64> = numbers.iter().copied().collect();
+    assert_eq!(numbers.len(), stored.len(), "duplicate rows");
+    let missing: Vec<_> = expected.difference(&stored).take(10).collect();
+    assert!(missing.is_empty(), "{} records missing, e.g. {missing:?}", expected.difference(&stored).count());
+    let unexpected: Vec<_> = stored.difference(&expected).take(10).collect();
+    assert!(unexpected.is_empty(), "unexpected records {unexpected:?}");
+}
+
 /// Numbered records written at a steady rate over several connections until stopped (the one
 /// load generator, `sluice::client::load`, numbering across connections in the order written).
 pub struct Load(Running);
