@@ -2,7 +2,9 @@
 
 It accepts connections on a Unix socket, collects the records, checks each as the agent does
 (size, UTF-8, NUL and its JSON escape, lone surrogates, depth) and, for connections that start
-with ``SLUICE/1 ACK``, answers ``OK spooled`` then ``NAK n reason`` / ``ACK n``. It can be stopped
+with ``SLUICE/1 ACK`` or a client session's ``SLUICE/2 ACK session=… first=…`` (each line then
+``<unix microseconds> <record>``), answers ``OK spooled`` then ``NAK n reason`` / ``ACK n`` (a
+session's own numbers), keeping each session record as ``(session, n, time_us, record)``. It can be stopped
 and started again on the same path, told to stop reading (``stall``), or to hold its ACKs.
 """
 
@@ -20,6 +22,8 @@ MAX_RECORD_SIZE = 1024 * 1024
 MAX_JSON_DEPTH = 64
 
 _ESCAPE = re.compile(rb"\\(u[0-9a-fA-F]{4}|.)")
+_SESSION = re.compile(rb"SLUICE/2 ACK session=([0-9a-f]{32}) first=([1-9][0-9]*)")
+_STAMPED = re.compile(rb"([0-9]{1,19}) (.*)", re.DOTALL)
 
 
 def agent_check(line: bytes, max_record_size: int = MAX_RECORD_SIZE) -> Optional[str]:
@@ -92,6 +96,9 @@ class FakeAgent:
         self.rejected: List[Tuple[str, bytes]] = []
         self.connections = 0
         self.acknowledged_connections = 0
+        # Client sessions: (session, first) per handshake, and (session, n, time_us, record) per line.
+        self.sessions: List[Tuple[str, int]] = []
+        self.numbered: List[Tuple[str, int, int, bytes]] = []
         self.hold_acks = False
         self._cond = threading.Condition()
         self._reading = threading.Event()
@@ -198,6 +205,7 @@ class FakeAgent:
         buffer = b""
         first = True
         acknowledged = False
+        session_id: Optional[str] = None
         number = 0
         replies: List[bytes] = []
         pending_ack = 0
@@ -229,13 +237,33 @@ class FakeAgent:
                     line = line[:-1]
                 if first:
                     first = False
-                    if line == b"SLUICE/1 ACK":
+                    session = _SESSION.fullmatch(line)
+                    if line == b"SLUICE/1 ACK" or session is not None:
                         acknowledged = True
+                        if session is not None:
+                            session_id = session.group(1).decode()
+                            number = int(session.group(2)) - 1
                         with self._cond:
                             self.acknowledged_connections += 1
+                            if session is not None:
+                                self.sessions.append((session_id, number + 1))
                         replies.append(b"OK %s\n" % self.ack_point.encode())
                         continue
                 number += 1
+                time_us = None
+                if session_id is not None:
+                    stamped = _STAMPED.fullmatch(line)
+                    if stamped is None:
+                        reason: Optional[str] = "malformed"
+                        with self._cond:
+                            self.rejected.append(("malformed", line))
+                            self._cond.notify_all()
+                        replies.append(b"NAK %d malformed\n" % number)
+                        pending_ack = number
+                        continue
+                    time_us, line = int(stamped.group(1)), stamped.group(2)
+                    with self._cond:
+                        self.numbered.append((session_id, number, time_us, line))
                 reason = agent_check(line, self.max_record_size)
                 if reason is None and self.nak is not None:
                     reason = self.nak(number, line)

@@ -94,6 +94,57 @@ def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handl
     assert stats["ack_point"] == "spooled" and stats["reconnects"] == 1
 
 
+def test_a_resend_after_a_reconnect_is_the_same_session_number_and_time_so_the_agent_stores_it_once(
+    agents, handlers, logger_for
+):
+    agent = agents()
+    agent.hold_acks = True
+    agent.start()
+    handler = handlers(acknowledged=True)
+    log = logger_for(handler)
+    for i in range(3):
+        log.info("unacknowledged %d", i)
+    assert agent.wait_for_lines(3)
+    agent.stop()
+    agent.hold_acks = False
+    agent.start()
+    log.info("after the restart")
+    assert handler.flush(5)
+
+    (session, first), (again, resumed) = agent.sessions
+    assert (again, first, resumed) == (session, 1, 1), "the same session, from the first unacknowledged"
+    by_number = {}
+    for sent_session, n, time_us, record in agent.numbered:
+        assert sent_session == session
+        by_number.setdefault(n, set()).add((time_us, record))
+    assert sorted(by_number) == [1, 2, 3, 4]
+    assert all(len(sends) == 1 for sends in by_number.values()), "every send of a record is identical"
+
+
+def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_stay_consecutive(
+    agents, handlers, logger_for
+):
+    agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None)
+    agent.hold_acks = True
+    agent.start()
+    handler = handlers(acknowledged=True)
+    log = logger_for(handler)
+    log.info("keep 1")
+    log.info("refuse me")
+    log.info("keep 2")
+    assert agent.wait_for_lines(2)
+    agent.stop()  # the NAK came, the ACK never did
+    agent.hold_acks = False
+    agent.start()
+    assert handler.flush(5)
+
+    resent = [(n, record) for _, n, _, record in agent.numbered[3:]]
+    assert [n for n, _ in resent] == [1, 2, 3], "the agent numbers the resend as the client does"
+    stats = handler.stats()
+    assert stats["nak"] == {"rate_limited": 1}, "refused twice, counted once"
+    assert stats["acknowledged"] == 2 and stats["unacknowledged"] == 0
+
+
 def test_ack_mode_counts_naks_by_reason_and_does_not_resend_them(agents, handlers, logger_for):
     agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None).start()
     handler = handlers(acknowledged=True)

@@ -84,8 +84,9 @@ class SluiceHandler(logging.Handler):
         max_queue_records: Records held at most: queued, and in acknowledged mode sent and not
             yet acknowledged.
         max_queue_bytes: Bytes held at most, counted the same way.
-        acknowledged: Use the protocol's acknowledged mode (``SLUICE/1 ACK``): records count as
-            held until the agent's ``ACK``, and are sent again after a reconnect.
+        acknowledged: Use the protocol's acknowledged mode (a ``SLUICE/2`` client session):
+            records count as held until the agent's ``ACK``, and are sent again after a
+            reconnect as the same records (one row each).
         max_record_size: The listener's ``max_record_size``; longer records are cut to it.
         drop_below_warning_at: Above this fraction of either bound, records below WARNING are
             dropped, keeping the rest of the room for warnings and errors. ``None``: no such
@@ -164,7 +165,9 @@ class SluiceHandler(logging.Handler):
             return
         if self._sender is None and not self._closed:
             self._start_sender()
-        self._queue.offer(formatted.data, record.levelno, formatted.replaced, formatted.truncated)
+        self._queue.offer(
+            formatted.data, record.levelno, formatted.replaced, formatted.truncated, int(record.created * 1_000_000)
+        )
 
     def flush(self, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
         """Wait until every record is written (acknowledged mode: acknowledged), at most

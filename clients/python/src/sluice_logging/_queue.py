@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import threading
 import time
 from typing import Callable, Deque, Dict, List, Optional, Tuple
@@ -39,20 +40,35 @@ FORMAT_ERROR = "format_error"
 NOTICE_INTERVAL_SECONDS = 60.0
 
 
+def uuid7_hex() -> str:
+    """A UUIDv7 (RFC 9562: Unix milliseconds, then random bits) as 32 hex digits."""
+    value = (int(time.time() * 1000) & ((1 << 48) - 1)) << 80
+    value |= int.from_bytes(os.urandom(10), "big") & ((1 << 80) - 1)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant 10
+    return f"{value:032x}"
+
+
 class Entry:
     """One formatted record: its line (with the newline) and what drop accounting needs.
 
-    ``seq`` is the client's own sequence number, assigned at enqueue and kept across resends;
-    a later protocol version will send it so the agent can drop duplicates.
+    ``seq`` is the client's own number for the record in its session (assigned at enqueue, one
+    after the other, kept across resends) and ``time_us`` the time it was logged (Unix
+    microseconds): in acknowledged mode both go to the agent (``SLUICE/2``), so a record sent
+    again after a reconnect is the same record, one row. ``refused``: the agent answered
+    ``NAK`` for it (counted once; it stays in line until an ``ACK`` covers it, so the numbers
+    sent after a reconnect stay consecutive).
     """
 
-    __slots__ = ("seq", "data", "levelno", "report")
+    __slots__ = ("seq", "data", "levelno", "report", "time_us", "refused")
 
-    def __init__(self, seq: int, data: bytes, levelno: int, report: bool = False) -> None:
+    def __init__(self, seq: int, data: bytes, levelno: int, report: bool = False, time_us: int = 0) -> None:
         self.seq = seq
         self.data = data
         self.levelno = levelno
         self.report = report
+        self.time_us = time_us
+        self.refused = False
 
 
 class RecordQueue:
@@ -85,7 +101,8 @@ class RecordQueue:
         self._unacked_bytes = 0
         self._seq = 0
         self._gen = 0  # the current connection; ACKs of another are stale
-        self._numbered = 0  # records numbered on the current connection (the agent's n)
+        # This process's session (SLUICE/2): a new one in a forked child.
+        self.session = uuid7_hex()
         self._closed = False
         self._stopping = False
         self._sender_waiting = False
@@ -116,7 +133,7 @@ class RecordQueue:
 
     # The caller's side. -----------------------------------------------------------------------
 
-    def offer(self, data: bytes, levelno: int, replaced: bool, truncated: bool) -> bool:
+    def offer(self, data: bytes, levelno: int, replaced: bool, truncated: bool, time_us: int = 0) -> bool:
         """Enqueue one line, or drop it and count why; never waits beyond the lock."""
         size = len(data)
         with self.cond:
@@ -136,7 +153,7 @@ class RecordQueue:
                 self._drop(HIGH_WATER, levelno)
                 return False
             self._seq += 1
-            self._pending.append(Entry(self._seq, data, levelno))
+            self._pending.append(Entry(self._seq, data, levelno, time_us=time_us or int(self._wall_clock() * 1e6)))
             self._bytes = total
             if self._sender_waiting:
                 self.cond.notify_all()
@@ -189,7 +206,6 @@ class RecordQueue:
         """A connection is up: number records from 1 again; returns its generation."""
         with self.cond:
             self._gen += 1
-            self._numbered = 0
             self.connected = True
             self.ack_point = ack_point
             self.last_error = None
@@ -247,7 +263,7 @@ class RecordQueue:
         ):
             return  # no room yet: it waits, and keeps counting
         self._seq += 1
-        self._pending.append(Entry(self._seq, data, logging.WARNING, report=True))
+        self._pending.append(Entry(self._seq, data, logging.WARNING, report=True, time_us=int(now * 1e6)))
         self._bytes += len(data)
         self._unreported = {}
         self._unreported_since = None
@@ -273,8 +289,8 @@ class RecordQueue:
             self.cond.notify_all()
 
     def take_numbered(self, gen: int, max_records: int, max_bytes: int) -> List[Entry]:
-        """Acknowledged mode: move the first records to ``unacked``, numbered as the agent will
-        number them on connection ``gen``; empty if that connection is gone already."""
+        """Acknowledged mode: move the first records to ``unacked`` (the agent answers with their
+        ``seq``); empty if connection ``gen`` is gone already."""
         with self.cond:
             if gen != self._gen:
                 return []
@@ -282,11 +298,20 @@ class RecordQueue:
             batch = self._front(max_records, max_bytes)
             for entry in batch:
                 self._pending.popleft()
-                self._numbered += 1
-                self._unacked.append((self._numbered, entry))
+                self._unacked.append((entry.seq, entry))
                 self._unacked_bytes += len(entry.data)
                 self._count_sent(entry)
             return batch
+
+    def first_unsettled(self) -> int:
+        """The number a new connection starts at (``SLUICE/2 ACK … first=``): the first record
+        not acknowledged, or the next one to be queued."""
+        with self.cond:
+            if self._unacked:
+                return self._unacked[0][0]
+            if self._pending:
+                return self._pending[0].seq
+            return self._seq + 1
 
     def _front(self, max_records: int, max_bytes: int) -> List[Entry]:
         batch: List[Entry] = []
@@ -314,20 +339,21 @@ class RecordQueue:
             while self._unacked and self._unacked[0][0] <= number:
                 _, entry = self._unacked.popleft()
                 self._settle(entry)
-                if not entry.report:
+                if not entry.report and not entry.refused:
                     self._acknowledged += 1
             self.cond.notify_all()
 
     def nak(self, gen: int, number: int, reason: str) -> None:
-        """``NAK number reason``: that record was refused; it is counted and never resent."""
+        """``NAK number reason``: that record was refused; it is counted (once) and never sent
+        again on its own account — the ``ACK`` that follows settles it."""
         with self.cond:
             if gen != self._gen:
                 return
-            for index, (n, entry) in enumerate(self._unacked):
+            for n, entry in self._unacked:
                 if n == number:
-                    del self._unacked[index]
-                    self._settle(entry)
-                    self._nak[reason] = self._nak.get(reason, 0) + 1
+                    if not entry.refused:
+                        entry.refused = True
+                        self._nak[reason] = self._nak.get(reason, 0) + 1
                     break
                 if n > number:
                     break

@@ -28,7 +28,7 @@ BACKOFF_FIRST_SECONDS = 0.02
 BACKOFF_MAX_SECONDS = 2.0
 #: ``connect()`` waits this long at most (a full listen backlog blocks it).
 CONNECT_TIMEOUT_SECONDS = 1.0
-#: The agent's ``OK <ack point>`` answer to ``SLUICE/1 ACK`` must come within this.
+#: The agent's ``OK <ack point>`` answer to the handshake must come within this.
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
 #: The longest single wait in ``send``/``recv``: how soon a stop or a due stderr notice is seen
 #: while the agent is not reading.
@@ -39,7 +39,9 @@ BATCH_BYTES = 256 * 1024
 #: The sender's longest idle wait (it is woken for records; this is a safety net).
 IDLE_SECONDS = 5.0
 
-HANDSHAKE = b"SLUICE/1 ACK\n"
+#: Acknowledged mode opens a client session (docs/PROTOCOL.md, "Client sessions"): the agent
+#: answers with the client's own numbers, and a record sent again is the same record.
+HANDSHAKE = "SLUICE/2 ACK session={session} first={first}\n"
 
 
 def describe(error: BaseException) -> str:
@@ -180,9 +182,11 @@ class Sender:
         return conn
 
     def _handshake(self, sock: socket.socket) -> Tuple[str, bytes]:
-        """Send ``SLUICE/1 ACK``; return the agent's ack point and any bytes after its answer."""
+        """Open the session from the first record not acknowledged; return the agent's ack point
+        and any bytes after its answer."""
         sock.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
-        sock.sendall(HANDSHAKE)
+        first = self._queue.first_unsettled()
+        sock.sendall(HANDSHAKE.format(session=self._queue.session, first=first).encode())
         buffered = b""
         while b"\n" not in buffered:
             chunk = sock.recv(4096)
@@ -194,7 +198,7 @@ class Sender:
         line, _, rest = buffered.partition(b"\n")
         words = line.decode("utf-8", "replace").split()
         if len(words) != 2 or words[0] != "OK":
-            raise ValueError(f"the agent answered {line[:80]!r} to SLUICE/1 ACK")
+            raise ValueError(f"the agent answered {line[:80]!r} to SLUICE/2 ACK")
         return words[1], rest
 
     def _send_plain(self, conn: Connection) -> None:
@@ -219,7 +223,9 @@ class Sender:
         batch = self._queue.take_numbered(conn.gen, BATCH_RECORDS, BATCH_BYTES)
         if not batch:
             return
-        _, error = self._write(conn, b"".join(entry.data for entry in batch))
+        # Each line: the time it was logged, then the record (the same on every send).
+        data = b"".join(b"%d %s" % (entry.time_us, entry.data) for entry in batch)
+        _, error = self._write(conn, data)
         if error is not None:
             self._lose(conn, error)
 
