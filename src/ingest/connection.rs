@@ -130,6 +130,8 @@ pub async fn serve(
     let mut first = true;
     // A client session (`SLUICE/2 ACK`), with the instance its records carry.
     let mut session: Option<(Session, [u8; 16])> = None;
+    // A session handshake that could not be read: every record after it is refused.
+    let mut refusing = false;
     let mut draining = false;
     // The read side is shut: what is queued is read to its end, nothing more can come.
     let mut read_shut = false;
@@ -249,18 +251,21 @@ pub async fn serve(
             Frame::Record(_) if session_line.is_some() => match session_line {
                 Some(Ok(opened)) => {
                     frames.get_mut().stop_ticking();
+                    frames.decoder_mut().inner.open_session(session::MAX_PREFIX);
                     replies.write_half = acknowledgement_handle(frames.get_ref());
                     replies.start_line_acks(&ingest, opened.first - 1);
                     let instance = session::session_instance(ingest.envelopes.pod_identity(), &opened.session);
                     session = Some((opened, instance));
                 }
                 _ => {
-                    // The writer asked for acknowledgements it cannot have: closed, counted.
-                    debug!("malformed session handshake; closing connection");
+                    // The writer asked for acknowledgements it cannot have: it hears nothing, and
+                    // this line and every record after it are refused, counted.
+                    debug!("malformed session handshake; refusing the connection's records");
                     listener.metrics.rejected(Rejected::Malformed);
-                    break;
+                    refusing = true;
                 }
             },
+            Frame::Record(_) if refusing => listener.metrics.rejected(Rejected::Malformed),
             Frame::Record(bytes) if listener.protocol == Protocol::Forward => {
                 forward_message(&bytes, frames.get_ref(), &mut sink, &mut replies, &ingest, &listener).await;
                 if replies.task.is_some() {
@@ -307,7 +312,15 @@ pub async fn serve(
                         }
                         Err(Unnumbered::WriterGone) => {
                             let n = replies.tracker.as_ref().map_or(0, |tracker| tracker.issued()) + 1;
-                            offer_line(&mut sink, &bytes, None, session.as_ref().map(|session| (session, n))).await;
+                            let max_record = listener.config.max_record_bytes();
+                            offer_line(
+                                &mut sink,
+                                &bytes,
+                                None,
+                                session.as_ref().map(|session| (session, n)),
+                                max_record,
+                            )
+                            .await;
                             debug!("acknowledgements cannot be written; closing connection");
                             break;
                         }
@@ -318,12 +331,17 @@ pub async fn serve(
                     (Some(session), Some(ack)) => Some((session, ack.seq())),
                     _ => None,
                 };
-                offer_line(&mut sink, &bytes, ack, numbered).await;
+                offer_line(&mut sink, &bytes, ack, numbered, listener.config.max_record_bytes()).await;
             }
             Frame::TooLarge { len } => {
                 debug!(len, "record too large");
                 let ack = replies.line_ack(&ingest).await;
+                let unnumbered = session.is_some() && ack.is_none();
                 sink.reject(Rejected::TooLarge, ack);
+                if unnumbered {
+                    // A session's numbers would drift from the client's: read no further.
+                    break;
+                }
             }
             Frame::Broken(reason) => {
                 debug!(reason = reason.as_str(), "stream cannot be framed; closing connection");
@@ -334,7 +352,11 @@ pub async fn serve(
             Frame::Truncated { len } => {
                 debug!(len, "the agent stopped reading before the writer finished this record");
                 let ack = replies.line_ack(&ingest).await;
+                let unnumbered = session.is_some() && ack.is_none();
                 sink.reject(Rejected::Truncated, ack);
+                if unnumbered {
+                    break;
+                }
             }
         }
         if room.held() && frames.read_buffer().len() <= SMALL_READ {
@@ -404,23 +426,22 @@ async fn count_unread(
 /// Offers an acknowledged line: as it is, or, on a client session's connection (`session` with
 /// the agent's number `n` of the record), split into the client's time and the record, stamped
 /// with the session's id for the client's number of it. A session line without the time is
-/// refused `malformed`.
+/// refused `malformed`; one whose record alone is over `max_record` bytes, `too_large`.
 async fn offer_line(
     sink: &mut RecordSink<'_>,
     bytes: &[u8],
     ack: Option<crate::buffer::ack::Ack>,
     session: Option<(&(Session, [u8; 16]), u64)>,
+    max_record: usize,
 ) {
     let Some(((opened, instance), n)) = session else {
         return sink.offer(bytes, ack).await;
     };
     match session::split_line(bytes) {
-        Some((micros, record)) => {
-            let stamp = ClientStamp {
-                instance: *instance,
-                seq: opened.seq(n),
-                time: session::key_time(micros, chrono::Utc::now()),
-            };
+        // The framer allowed the prefix beside the record: the record alone keeps the limit.
+        Some((_, record)) if record.len() > max_record => sink.reject(Rejected::TooLarge, ack),
+        Some((time, record)) => {
+            let stamp = ClientStamp { instance: *instance, seq: opened.seq(n), time };
             sink.offer_stamped(record, ack, stamp).await;
         }
         None => sink.reject(Rejected::Malformed, ack),
@@ -581,6 +602,17 @@ pub enum StreamFramer {
 }
 
 impl StreamFramer {
+    /// A client session's records follow (`SLUICE/2`): each line or frame carries `prefix` more
+    /// bytes, and a line is whole or `Truncated` (`LineFramer::open_session`). Only `lines` and
+    /// `octet_counted` take the handshake.
+    fn open_session(&mut self, prefix: usize) {
+        match self {
+            Self::Lines(lines) => lines.open_session(prefix),
+            Self::Octets(octets) => octets.open_session(prefix),
+            Self::Syslog(_) | Self::Forward(_) => {}
+        }
+    }
+
     /// The framer for `listener`'s protocol and record limit.
     pub fn new(listener: &ListenerContext, max_json_depth: usize) -> Self {
         let max = listener.config.max_record_bytes();

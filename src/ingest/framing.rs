@@ -78,12 +78,24 @@ pub struct LineFramer {
     /// The record being discarded was given up ([`Unfinished::give_up_partial`]) and counted
     /// already: its end makes no frame.
     silent: bool,
+    /// A client session's lines ([`LineFramer::open_session`]): a last line without its newline
+    /// is `Truncated`, never a record.
+    whole_lines_only: bool,
 }
 
 impl LineFramer {
     /// A framer that accepts records of up to `max_len` bytes.
     pub fn new(max_len: usize) -> Self {
-        Self { max_len, scanned: 0, discarding: None, silent: false }
+        Self { max_len, scanned: 0, discarding: None, silent: false, whole_lines_only: false }
+    }
+
+    /// From now on the lines are a client session's (`ingest::session`): `prefix` more bytes
+    /// each (the client's time, checked apart with the record's own limit), and a line the writer
+    /// ended without its newline is `Truncated` — a resend of it whole has the same record id, so
+    /// a part stored first would keep the whole out.
+    pub fn open_session(&mut self, prefix: usize) {
+        self.max_len += prefix;
+        self.whole_lines_only = true;
     }
 }
 
@@ -146,6 +158,11 @@ impl Decoder for LineFramer {
         if buf.is_empty() {
             return Ok(None);
         }
+        if self.whole_lines_only {
+            let len = buf.len() as u64;
+            buf.clear();
+            return Ok(Some(Frame::Truncated { len }));
+        }
         // The writer closed after a last record without newline: it is still a record.
         let mut line = buf.split();
         if line.ends_with(b"\r") {
@@ -195,6 +212,15 @@ const MAX_LENGTH_DIGITS: usize = 10;
 pub struct OctetFramer {
     max_len: usize,
     state: OctetState,
+}
+
+impl OctetFramer {
+    /// From now on the frames are a client session's: `prefix` more bytes each (the client's
+    /// time, checked apart with the record's own limit). A frame cut short is `Truncated`
+    /// already.
+    pub fn open_session(&mut self, prefix: usize) {
+        self.max_len += prefix;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

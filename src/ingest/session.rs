@@ -4,7 +4,8 @@
 //! Owns: reading the handshake (`SLUICE/2 ACK session=<32 hex digits> first=<seq>`), the record
 //! id a session's record gets (its instance derived from the pod and the session, its sequence
 //! the client's number) and its key time (the client's own timestamp, from the line's prefix
-//! `<unix microseconds> `, when it is within [`MAX_CLIENT_CLOCK_SKEW`] of the agent's clock).
+//! `<unix microseconds> `: never the agent's clock, which differs between two sends of one
+//! record; the persister's write window judges it like any ingest time).
 //! Must not: allocate per record, or trust a session id to name rows across pods (the instance
 //! is derived from the pod too, so one pod's writer cannot shadow another's rows).
 
@@ -13,10 +14,9 @@ use chrono::{DateTime, Utc};
 /// What starts a session's handshake line.
 pub const SESSION_HANDSHAKE: &[u8] = b"SLUICE/2 ACK ";
 
-/// How far a client's timestamp may be from the agent's clock and still be a record's key time.
-/// Beyond it the agent's time is used: that record is still stored, but a resend of it (read at
-/// another time) may become a second row.
-pub const MAX_CLIENT_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+/// The longest time prefix a session's line carries (`<19 digits> `): the framer allows it
+/// beside the record, whose own limit is checked apart.
+pub const MAX_PREFIX: usize = 20;
 
 /// A connection's session, from its handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub struct ClientStamp {
     pub instance: [u8; 16],
     /// The client's number for the record.
     pub seq: u64,
-    /// The envelope's `ingest_time`: the client's time, or the agent's beyond the skew.
+    /// The envelope's `ingest_time`: the client's time.
     pub time: DateTime<Utc>,
 }
 
@@ -98,24 +98,17 @@ pub fn session_instance(pod_identity: &str, session: &[u8; 16]) -> [u8; 16] {
     id
 }
 
-/// Splits a session's line into the client's timestamp (Unix microseconds) and the record.
-pub fn split_line(line: &[u8]) -> Option<(i64, &[u8])> {
+/// Splits a session's line into the client's timestamp and the record; `None` if the line does
+/// not start with `<unix microseconds> ` (1 to 19 digits, a time chrono can hold).
+pub fn split_line(line: &[u8]) -> Option<(DateTime<Utc>, &[u8])> {
     let space = memchr::memchr(b' ', line)?;
     let digits = &line[..space];
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
     // At most 19 digits: may still be above i64::MAX.
-    let micros = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some((micros, &line[space + 1..]))
-}
-
-/// A record's key time: the client's, when it is within [`MAX_CLIENT_CLOCK_SKEW`] of `now`.
-pub fn key_time(client_micros: i64, now: DateTime<Utc>) -> DateTime<Utc> {
-    match DateTime::from_timestamp_micros(client_micros) {
-        Some(client) if (client - now).abs() <= MAX_CLIENT_CLOCK_SKEW => client,
-        _ => now,
-    }
+    let micros: i64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some((DateTime::from_timestamp_micros(micros)?, &line[space + 1..]))
 }
 
 fn parse_hex16(text: &str) -> Result<[u8; 16], MalformedHandshake> {
@@ -184,20 +177,11 @@ mod tests {
 
     #[test]
     fn a_line_is_split_into_the_clients_time_and_the_record() {
-        assert_eq!(split_line(b"1733400000000000 {\"m\":1}"), Some((1_733_400_000_000_000, &b"{\"m\":1}"[..])));
-        assert_eq!(split_line(b"1733400000000000 "), Some((1_733_400_000_000_000, &b""[..])));
+        let time = DateTime::from_timestamp_micros(1_733_400_000_000_000).expect("time");
+        assert_eq!(split_line(b"1733400000000000 {\"m\":1}"), Some((time, &b"{\"m\":1}"[..])));
+        assert_eq!(split_line(b"1733400000000000 "), Some((time, &b""[..])));
         for bad in [&b"{\"m\":1}"[..], b" x", b"-5 x", b"12a x", b"99999999999999999999 x", b"123"] {
             assert_eq!(split_line(bad), None, "{}", String::from_utf8_lossy(bad));
         }
-    }
-
-    #[test]
-    fn the_key_time_is_the_clients_within_the_skew_and_the_agents_beyond_it() {
-        let now = DateTime::from_timestamp_micros(1_733_400_000_000_000).expect("time");
-        let close = now - chrono::TimeDelta::minutes(9);
-        assert_eq!(key_time(close.timestamp_micros(), now), close);
-        let far = now + chrono::TimeDelta::minutes(11);
-        assert_eq!(key_time(far.timestamp_micros(), now), now);
-        assert_eq!(key_time(i64::MAX, now), now);
     }
 }

@@ -169,11 +169,13 @@ async fn a_session_resending_what_was_not_acknowledged_across_agent_kills_stores
 }
 
 /// A session's acknowledgements carry the client's numbers; a line without the client's time is
-/// refused `malformed` under its number; a handshake that cannot be read closes the connection,
-/// counted.
+/// refused `malformed` under its number; the time prefix is allowed beside a record of the
+/// largest size, and the record alone keeps the limit; a last line the writer ends without its
+/// newline is `truncated`, never a record (its resend, whole, has the same id); a handshake that
+/// cannot be read gets no answer and every record after it is refused, counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_hears_its_own_numbers_and_a_malformed_line_or_handshake_is_refused() {
-    let setup = Scenario::new("session-words").build().await;
+    let setup = Scenario::new("session-words").listener("default", "max_record_size", "1 KiB").build().await;
     let (_, _agent) = setup.listening_agent().await;
     let config = &setup.config;
     let session = uuid::Uuid::now_v7().simple().to_string();
@@ -181,28 +183,36 @@ async fn a_session_hears_its_own_numbers_and_a_malformed_line_or_handshake_is_re
     let stream = UnixStream::connect(config.socket()).await.expect("connect");
     let (read, mut write) = stream.into_split();
     let now = chrono::Utc::now().timestamp_micros();
+    let largest = format!("{{\"pad\":\"{}\"}}", "x".repeat(1024 - 10));
+    let over = format!("{{\"pad\":\"{}\"}}", "x".repeat(1025 - 10));
+    assert_eq!((largest.len(), over.len()), (1024, 1025));
     let text = format!(
-        "SLUICE/2 ACK session={session} first=100\n{now} {}\nno time here\n{now} {}\n",
+        "SLUICE/2 ACK session={session} first=100\n{now} {}\nno time here\n{now} {largest}\n{now} {over}\n{now} {}\n{now} {{\"cut\":",
         numbered("words", 100),
-        numbered("words", 102)
+        numbered("words", 104)
     );
     write.write_all(text.as_bytes()).await.expect("write");
+    write.shutdown().await.expect("the writer ends, its last line unfinished");
     let mut lines = BufReader::new(read).lines();
     let mut heard = Vec::new();
-    while !heard.iter().any(|line: &String| line == "ACK 102") {
-        let line = within(Duration::from_secs(20), "acknowledgements", lines.next_line()).await;
-        heard.push(line.expect("read").expect("a line"));
+    while let Some(line) = within(Duration::from_secs(20), "acknowledgements", lines.next_line()).await.expect("read") {
+        heard.push(line);
     }
     assert_eq!(heard.first().map(String::as_str), Some("OK delivered"), "{heard:?}");
-    assert!(heard.contains(&"NAK 101 malformed".to_string()), "{heard:?}");
+    for expected in ["NAK 101 malformed", "NAK 103 too_large", "NAK 105 truncated", "ACK 105"] {
+        assert!(heard.iter().any(|line| line == expected), "{expected} in {heard:?}");
+    }
+    assert!(!heard.iter().any(|line| line == "NAK 102 too_large"), "the prefix is not the record's: {heard:?}");
 
     let stream = UnixStream::connect(config.socket()).await.expect("connect");
     let (read, mut write) = stream.into_split();
-    write.write_all(format!("SLUICE/2 ACK session={session} first=0\n").as_bytes()).await.expect("write");
+    let text = format!("SLUICE/2 ACK session={session} first=0\n{now} {}\n", numbered("words", 1));
+    write.write_all(text.as_bytes()).await.expect("write");
+    write.shutdown().await.expect("shutdown");
     let mut lines = BufReader::new(read).lines();
     let end = within(Duration::from_secs(10), "the connection closed", lines.next_line()).await;
-    assert!(matches!(end, Ok(None) | Err(_)), "closed without an answer: {end:?}");
-    let metrics =
-        until_metric(config.agent_admin(), sluice::telemetry::INGEST_REJECTED, &[("reason", "malformed")], 2.0).await;
-    assert_eq!(metrics.count(sluice::telemetry::INGEST_REJECTED, &[("reason", "malformed")]), 2.0);
+    assert!(matches!(end, Ok(None) | Err(_)), "no answer: {end:?}");
+    let malformed = [("reason", "malformed")];
+    let metrics = until_metric(config.agent_admin(), sluice::telemetry::INGEST_REJECTED, &malformed, 3.0).await;
+    assert_eq!(metrics.count(sluice::telemetry::INGEST_REJECTED, &malformed), 3.0);
 }
