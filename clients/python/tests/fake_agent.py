@@ -126,17 +126,19 @@ class FakeAgent:
         """Close the listener and every connection and remove the socket file."""
         self._running = False
         self._reading.set()
+        # The connections end first, so that no thread takes in a line after stop() returns.
+        for conn in list(self._conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         for thread in self._threads:
-            thread.join(2)
+            thread.join(10)
         self._threads.clear()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         for conn in self._conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
         self._conns.clear()
         try:
