@@ -74,7 +74,7 @@ pub(super) struct SegmentState {
 }
 
 /// What names a segment's records across a restart: its id, its first record's ingest time
-/// and its record count (`segment first_ingest_ms records` in [`MAYBE_STORED_FILE`]).
+/// and its record count (`segment first_ingest_ms records` in the `maybe-stored` file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct SegmentFingerprint {
     segment: u64,
@@ -256,7 +256,7 @@ impl Spool {
         self.lock().segments.get(&pos.segment).is_some_and(|segment| segment.maybe_stored.get(pos.index))
     }
 
-    /// Writes which records still owed Kafka may hold ([`MAYBE_STORED_FILE`]) for the next start,
+    /// Writes which records still owed Kafka may hold (the `maybe-stored` file) for the next start,
     /// at the end of a drain (written beside it and renamed into place). Returns how many.
     /// Blocking. A run that ends without it (SIGKILL, a full disk) leaves the next one the marks
     /// of the run before (still true of the records they name, which are checked) or none: a
@@ -285,7 +285,7 @@ impl Spool {
         Ok(positions.len())
     }
 
-    /// Reads the marks an earlier run left ([`MAYBE_STORED_FILE`]) onto the records the spool
+    /// Reads the marks an earlier run left (the `maybe-stored` file) onto the records the spool
     /// recovered whose segment still has the fingerprint the mark was written with. The file
     /// stays (a start that fails after this loses nothing); the next drain replaces it.
     /// Returns how many were set. Blocking.
@@ -310,7 +310,7 @@ impl Spool {
         set
     }
 
-    /// The records not finished that Kafka may hold, for [`MAYBE_STORED_FILE`].
+    /// The records not finished that Kafka may hold, for the `maybe-stored` file.
     pub(super) fn maybe_stored_positions(&self) -> Vec<(SegmentFingerprint, u32)> {
         let state = self.lock();
         let mut positions = Vec::new();
