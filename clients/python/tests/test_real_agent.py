@@ -14,6 +14,7 @@ import threading
 import time
 
 from real_agent import Metrics
+from waiting import wait_until
 
 INGESTED = "sluice_ingest_records_total"
 REJECTED = "sluice_ingest_records_rejected_total"
@@ -21,15 +22,6 @@ DELIVERED = "sluice_ship_records_delivered_total"
 RECOVERED = "sluice_spool_recovered_records_total"
 BUFFER_DROPPED = "sluice_buffer_records_dropped_total"
 FAILED = "sluice_ship_records_failed_total"
-
-
-def wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def nothing_lost_by_the_agent(metrics: Metrics) -> dict:

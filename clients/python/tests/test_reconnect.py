@@ -7,15 +7,7 @@ import socket
 import time
 
 from sluice_logging._sender import Backoff
-
-
-def wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+from waiting import wait_until
 
 
 def test_the_sender_connects_when_the_agent_appears_later(agents, handlers, logger_for):
@@ -68,7 +60,9 @@ def test_backoff_grows_with_jitter_up_to_its_cap_and_resets():
     assert backoff.next() <= 0.02
 
 
-def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handlers, logger_for):
+def three_unacknowledged_then_the_agent_restarts(agents, handlers, logger_for, before_restart=None):
+    """An acknowledged handler logs three records the agent never acknowledges; the agent
+    restarts (the connection is lost) and acknowledges from then on. Returns (agent, handler, log)."""
     agent = agents()
     agent.hold_acks = True
     agent.start()
@@ -77,13 +71,21 @@ def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handl
     for i in range(3):
         log.info("unacknowledged %d", i)
     assert agent.wait_for_lines(3)
-    assert handler.stats()["unacknowledged"] == 3
-    assert handler.flush(0.2) is False, "flush waits for the ACKs in acknowledged mode"
-
+    if before_restart is not None:
+        before_restart(handler)
     agent.stop()  # the ACKs never come: the connection is lost
     agent.hold_acks = False
     agent.start()
     log.info("after the restart")
+    return agent, handler, log
+
+
+def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handlers, logger_for):
+    def still_held(handler):
+        assert handler.stats()["unacknowledged"] == 3
+        assert handler.flush(0.2) is False, "flush waits for the ACKs in acknowledged mode"
+
+    agent, handler, _ = three_unacknowledged_then_the_agent_restarts(agents, handlers, logger_for, still_held)
 
     assert handler.flush(5)
     messages = [r["message"] for r in agent.records()]
@@ -97,18 +99,7 @@ def test_ack_mode_resends_unacknowledged_records_after_a_reconnect(agents, handl
 def test_a_resend_after_a_reconnect_is_the_same_session_number_and_time_so_the_agent_stores_it_once(
     agents, handlers, logger_for
 ):
-    agent = agents()
-    agent.hold_acks = True
-    agent.start()
-    handler = handlers(acknowledged=True)
-    log = logger_for(handler)
-    for i in range(3):
-        log.info("unacknowledged %d", i)
-    assert agent.wait_for_lines(3)
-    agent.stop()
-    agent.hold_acks = False
-    agent.start()
-    log.info("after the restart")
+    agent, handler, _ = three_unacknowledged_then_the_agent_restarts(agents, handlers, logger_for)
     assert handler.flush(5)
 
     (session, first), (again, resumed) = agent.sessions
