@@ -4,8 +4,10 @@
 //! account of every record.
 //!
 //! - `durable` (agent 0): disk spool, `fsync = "always"`, acknowledged writers that send again
-//!   what was not settled when a connection broke. SIGKILLed, SIGTERMed, its spool disk (a small
-//!   tmpfs) filled. An ACKed record must be exactly one row.
+//!   what was not settled when a connection broke (as new records: `try` 1, 2…), and a session
+//!   writer (`SLUICE/2`, client record ids) that sends it again under the same numbers: each of
+//!   its records ACKed is exactly one row, however often it was sent. SIGKILLed, SIGTERMed,
+//!   its spool disk (a small tmpfs) filled. An ACKed record must be exactly one row.
 //! - `memory` (agent 1): memory buffer, `drop_newest`, plain writers. SIGTERMed only (a SIGKILL
 //!   of a memory buffer loses what it holds by design, uncountably).
 //! - `limited` (agent 2): disk spool, `drop_oldest`, a rate limit with `action = "drop"`, plain
@@ -35,7 +37,7 @@ use std::time::{Duration, Instant};
 use faults::{Fault, Kind};
 use serde_json::json;
 use tokio::sync::Mutex;
-use writers::{AckedOutcome, AckedWriter, PlainOutcome, PlainWriter, Try};
+use writers::{AckedOutcome, AckedWriter, PlainOutcome, PlainWriter, SessionWriter, Try};
 
 use crate::support::{
     Metrics, PrivateBroker, PrivatePostgres, Process, Proxy, Services, TestConfig, create_topic, http_get, unique,
@@ -689,6 +691,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         let socket = world.socket(0).await;
         ["d1", "d2"].iter().map(|w| (w.to_string(), AckedWriter::start(w, socket.clone(), acked_rate))).collect()
     };
+    let session = ("c1".to_string(), SessionWriter::start("c1", world.socket(0).await, acked_rate));
     let mut plain: Vec<(String, usize, PlainWriter)> = Vec::new();
     for (agent, names, rate) in [(1, ["m1", "m2"], plain_rate), (2, ["l1", "l2"], 200)] {
         let socket = world.socket(agent).await;
@@ -717,6 +720,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
     for (name, writer) in acked {
         acked_outcomes.push((name, writer.finish(Duration::from_secs(90)).await));
     }
+    let session_outcome = (session.0, session.1.finish(Duration::from_secs(90)).await);
     let mut plain_outcomes: Vec<(String, usize, PlainOutcome)> = Vec::new();
     for (name, agent, writer) in plain {
         plain_outcomes.push((name, agent, writer.finish().await));
@@ -783,6 +787,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
     for (writer, outcome) in &acked_outcomes {
         table.acked_writer(writer, outcome, &rows);
     }
+    table.session_writer(&session_outcome.0, &session_outcome.1, &rows);
     let mut by_agent: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
     for (writer, agent, outcome) in &plain_outcomes {
         let (missing, uncertain_missing) = table.plain_writer(writer, outcome, &rows);
@@ -858,6 +863,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
     let writers: Vec<&str> = acked_outcomes
         .iter()
         .map(|(w, _)| w.as_str())
+        .chain([session_outcome.0.as_str()])
         .chain(plain_outcomes.iter().map(|(w, _, _)| w.as_str()))
         .collect();
     let strangers: u64 = rows.iter().filter(|((w, _, _), _)| !writers.contains(&w.as_str())).map(|(_, n)| n).sum();
@@ -888,8 +894,12 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         eprintln!("{kind:<26} {count:>6} {:>11.1}s", total.as_secs_f64());
     }
     eprintln!(
-        "\nrecords written {} (acked writers: sent {}, resent {}, acked {}, naked {}), rows {}",
+        "\nrecords written {} (acked and session writers: sent {}, resent {}, acked {}, naked {}), rows {}",
         table.written, table.sent, table.resent, table.acked, table.naked, table.rows
+    );
+    eprintln!(
+        "session writer {} (client record ids): sent {}, resent {}, records acked {}, duplicated {}",
+        session_outcome.0, table.session.sent, table.session.resent, table.session.acked, table.session.duplicated
     );
     eprintln!(
         "lost acked {}, lost unaccounted {}, counted beyond missing {}, duplicated {}, phantom {}, unsettled {}",
@@ -911,6 +921,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         "records_written": table.written, "acked_sent": table.sent, "acked_resent": table.resent,
         "acked": table.acked, "naked": table.naked, "naked_reasons": table.nak_reasons,
         "rows": table.rows, "lost_acked": table.lost_acked, "lost_unaccounted": table.unaccounted, "counted_beyond_missing": table.overcounted,
+        "session_writer": {"sent": table.session.sent, "resent": table.session.resent, "acked": table.session.acked, "duplicated": table.session.duplicated},
         "duplicated": table.duplicated, "phantom": table.phantom, "unsettled": table.unsettled,
         "agents": agents_json, "persister_rebalances": rebalances, "dead_letters": dead_letters,
         "persister_lost": persister_lost, "drain_seconds": drain_took.as_secs_f64(),
@@ -946,7 +957,17 @@ struct Account {
     duplicated: u64,
     phantom: u64,
     unsettled: u64,
+    session: SessionAccount,
     failures: Vec<String>,
+}
+
+/// The session writer's own figures (its records are in the totals too).
+#[derive(Default)]
+struct SessionAccount {
+    sent: u64,
+    resent: u64,
+    acked: u64,
+    duplicated: u64,
 }
 
 impl Account {
@@ -1000,6 +1021,59 @@ impl Account {
         if !examples.is_empty() {
             examples.truncate(10);
             self.failures.push(format!("acked writer {writer}: {}", examples.join("; ")));
+        }
+    }
+
+    /// A session writer's records, each under one number however often it was sent: one ever
+    /// ACKed is exactly one row; one only NAKed is none; one whose connection broke before its
+    /// try was heard settled, and never ACKed after, is at most one.
+    fn session_writer(&mut self, writer: &str, outcome: &AckedOutcome, rows: &HashMap<(String, u64, u32), u64>) {
+        self.sent += outcome.sent;
+        self.resent += outcome.resent;
+        self.written += outcome.tries.len() as u64;
+        self.session.sent += outcome.sent;
+        self.session.resent += outcome.resent;
+        let mut examples = Vec::new();
+        for (&seq, tries) in &outcome.tries {
+            let n = rows.get(&(writer.to_string(), seq, 0)).copied().unwrap_or(0);
+            self.rows += n;
+            if n > 1 {
+                self.duplicated += n - 1;
+                self.session.duplicated += n - 1;
+                examples.push(format!("{writer} {seq} ({} sends): {n} rows", tries.len()));
+            }
+            if tries.contains(&Try::Unsettled) {
+                self.unsettled += 1;
+                examples.push(format!("{writer} {seq}: never settled"));
+            }
+            if tries.contains(&Try::Acked) {
+                self.acked += 1;
+                self.session.acked += 1;
+                if n == 0 {
+                    self.lost_acked += 1;
+                    examples.push(format!("{writer} {seq}: ACKed, no row"));
+                }
+            } else if let Some(Try::Naked(reason)) = tries.last() {
+                self.naked += 1;
+                *self.nak_reasons.entry(reason.clone()).or_default() += 1;
+                if n > 0 && !tries.contains(&Try::Unknown) {
+                    self.phantom += n;
+                    examples.push(format!("{writer} {seq}: only NAKed ({reason}), stored"));
+                }
+            }
+        }
+        for violation in &outcome.violations {
+            examples.push(format!("{writer}: {violation}"));
+        }
+        for ((w, seq, attempt), n) in rows {
+            if w == writer && (*attempt != 0 || !outcome.tries.contains_key(seq)) {
+                self.phantom += n;
+                examples.push(format!("{writer} {seq} try {attempt}: stored, never written"));
+            }
+        }
+        if !examples.is_empty() {
+            examples.truncate(10);
+            self.failures.push(format!("session writer {writer}: {}", examples.join("; ")));
         }
     }
 

@@ -21,7 +21,7 @@ mod postgres;
 mod proxy;
 mod scenario;
 
-pub use acks::{AckReader, Settled, open_acknowledged};
+pub use acks::{AckReader, Acknowledged, Settled, open_acknowledged};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use clients::{fluent_logger, logger, python_syslog_handler};
 pub use load::{AckedSender, Load, assert_each_once, numbered, numbers_in, stored_numbers};

@@ -3,6 +3,10 @@
 //!
 //! - [`AckedWriter`]: acknowledged mode. It keeps what was ACKed and NAKed; a record still
 //!   unsettled when its connection breaks is sent again (a new try) on the next connection.
+//! - [`SessionWriter`]: a client session (`SLUICE/2`, docs/PROTOCOL.md): it numbers its records
+//!   itself and sends again, under the same numbers and times, everything from the lowest record
+//!   whose try it did not hear settled. Its records carry `try` 0 on every send: a record
+//!   stored twice is two rows with one key.
 //! - [`PlainWriter`]: no acknowledgements. One record per `write` call, so it knows exactly which
 //!   records the kernel took (those the agent will read, or count); a write cut short leaves one
 //!   record "uncertain".
@@ -12,11 +16,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{AckReader, Settled, open_acknowledged};
+use crate::support::{AckReader, Acknowledged, Settled, open_acknowledged};
 
 /// The record `seq` (try `attempt`) of writer `writer`: about 200 bytes of JSON.
 pub fn record(writer: &str, seq: u64, attempt: u32) -> String {
@@ -24,6 +28,15 @@ pub fn record(writer: &str, seq: u64, attempt: u32) -> String {
     format!(
         r#"{{"w":"{writer}","seq":{seq},"try":{attempt},"t":{millis},"level":"info","message":"soak record","pad":"{}"}}"#,
         "s".repeat(96)
+    )
+}
+
+/// The record `seq` of a session writer, logged at `micros` (the same text on every send).
+fn session_record(writer: &str, seq: u64, micros: i64) -> String {
+    format!(
+        r#"{{"w":"{writer}","seq":{seq},"try":0,"t":{},"level":"info","message":"soak record","pad":"{}"}}"#,
+        micros / 1000,
+        "c".repeat(96)
     )
 }
 
@@ -207,6 +220,190 @@ async fn run_acked(
     // Records queued to send again when the writer gave up are unsettled too.
     for (seq, _) in again {
         if let Some(last) = outcome.tries.get_mut(&seq).and_then(|tries| tries.last_mut()) {
+            *last = Try::Unsettled;
+        }
+    }
+    outcome
+}
+
+pub struct SessionWriter {
+    stop: CancellationToken,
+    give_up: CancellationToken,
+    task: tokio::task::JoinHandle<AckedOutcome>,
+}
+
+impl SessionWriter {
+    pub fn start(name: &str, socket: PathBuf, rate: u64) -> Self {
+        let (stop, give_up) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(run_session(name.to_string(), socket, rate, stop.clone(), give_up.clone()));
+        Self { stop, give_up, task }
+    }
+
+    /// Stops logging new records; keeps (re)sending until every record is settled or `limit`
+    /// passes.
+    pub async fn finish(self, limit: Duration) -> AckedOutcome {
+        self.stop.cancel();
+        let give_up = self.give_up.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            give_up.cancel();
+        });
+        let outcome = tokio::time::timeout(limit + Duration::from_secs(40), self.task)
+            .await
+            .expect("the session writer ends after giving up")
+            .expect("session writer task");
+        timer.abort();
+        outcome
+    }
+}
+
+/// Opens a connection of `session` whose first record is `first` (`SLUICE/2 ACK`, answered
+/// `OK <point>`); `None` if the agent is not there, does not answer within a few seconds, or
+/// answers otherwise.
+async fn open_session(socket: &std::path::Path, session: &str, first: u64) -> Option<Acknowledged> {
+    let stream = tokio::time::timeout(Duration::from_secs(2), UnixStream::connect(socket)).await.ok()?.ok()?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(format!("SLUICE/2 ACK session={session} first={first}\n").as_bytes()).await.ok()?;
+    let mut lines = BufReader::new(read).lines();
+    match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
+        Ok(Ok(Some(line))) if line.starts_with("OK ") => Some((lines, write)),
+        _ => None,
+    }
+}
+
+/// The session's acknowledgement lines carry its own numbers; the connection's [`AckReader`]
+/// counts from 1 on each connection: `n` becomes `n - first + 1`.
+fn connection_numbered(line: &str, first: u64) -> String {
+    let mut words = line.splitn(3, ' ');
+    match (words.next(), words.next().and_then(|n| n.parse::<u64>().ok())) {
+        (Some(kind), Some(n)) if n >= first => {
+            let rest = words.next().map(|r| format!(" {r}")).unwrap_or_default();
+            format!("{kind} {}{rest}", n - first + 1)
+        }
+        _ => line.to_string(), // not in the protocol: AckReader says so
+    }
+}
+
+async fn run_session(
+    name: String,
+    socket: PathBuf,
+    rate: u64,
+    stop: CancellationToken,
+    give_up: CancellationToken,
+) -> AckedOutcome {
+    let session = uuid::Uuid::now_v7().simple().to_string();
+    let mut outcome = AckedOutcome::default();
+    // The time each record was logged, by number (1-based): the same on every send.
+    let mut logged: Vec<i64> = Vec::new();
+    // The lowest record whose last try was not heard settled: each connection starts there.
+    let mut from = 1u64;
+    let per_tick = (rate / 100).max(1);
+    loop {
+        let unsettled = from <= logged.len() as u64;
+        if give_up.is_cancelled() || (stop.is_cancelled() && !unsettled) {
+            break;
+        }
+        let Some((mut lines, mut write)) = open_session(&socket, &session, from).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        outcome.connections += 1;
+        let first = from;
+        let sent: Arc<Mutex<(Vec<Sent>, AckReader)>> = Arc::default();
+        let reader = tokio::spawn({
+            let sent = sent.clone();
+            async move {
+                let mut max_wait = Duration::ZERO;
+                let mut violation = None;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let mut sent = sent.lock().expect("sent");
+                    match sent.1.line(&connection_numbered(&line, first)) {
+                        Ok(settled) => {
+                            for (index, how) in settled {
+                                if how == Settled::Acked {
+                                    max_wait = max_wait.max(sent.0[index].at.elapsed());
+                                }
+                            }
+                        }
+                        Err(error) => {
+                            violation.get_or_insert(error);
+                        }
+                    }
+                }
+                (max_wait, violation)
+            }
+        });
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let mut next = first;
+        let mut broken = false;
+        while !broken && !give_up.is_cancelled() {
+            tick.tick().await;
+            let mut text = String::new();
+            let mut batch = 0;
+            while batch < per_tick {
+                if next > logged.len() as u64 {
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    logged.push(chrono::Utc::now().timestamp_micros());
+                }
+                let micros = logged[next as usize - 1];
+                text.push_str(&format!("{micros} {}\n", session_record(&name, next, micros)));
+                let mut sent = sent.lock().expect("sent");
+                sent.1.sent(1);
+                sent.0.push(Sent { seq: next, attempt: 0, at: Instant::now() });
+                outcome.sent += 1;
+                if outcome.tries.get(&next).is_some_and(|tries| !tries.is_empty()) {
+                    outcome.resent += 1;
+                }
+                next += 1;
+                batch += 1;
+            }
+            if batch == 0 {
+                break; // stopped, everything sent: wait for the last acknowledgements
+            }
+            tokio::select! {
+                written = write.write_all(text.as_bytes()) => broken = written.is_err(),
+                _ = give_up.cancelled() => break,
+            }
+        }
+        let _ = write.shutdown().await;
+        let max_wait = tokio::select! {
+            result = reader => match result {
+                Ok((max_wait, violation)) => {
+                    outcome.violations.extend(violation);
+                    max_wait
+                }
+                Err(error) => {
+                    outcome.violations.push(format!("the acknowledgement reader failed: {error}"));
+                    Duration::ZERO
+                }
+            },
+            _ = give_up.cancelled() => Duration::ZERO,
+        };
+        outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
+        let sent = sent.lock().expect("sent");
+        // The next connection starts at the first record not heard settled; those after it are
+        // sent again too (the numbers of a connection follow each other), settled or not.
+        from = next;
+        for (record, state) in sent.0.iter().zip(sent.1.settled()) {
+            let state = match state {
+                Some(Settled::Acked) => Try::Acked,
+                Some(Settled::Naked(reason)) => Try::Naked(reason.clone()),
+                None if give_up.is_cancelled() => Try::Unsettled,
+                None => Try::Unknown,
+            };
+            if state == Try::Unknown {
+                from = from.min(record.seq);
+            }
+            outcome.tries.entry(record.seq).or_default().push(state);
+        }
+    }
+    // Records still to be sent again when the writer gave up are unsettled.
+    for seq in from..=logged.len() as u64 {
+        if let Some(last) = outcome.tries.get_mut(&seq).and_then(|tries| tries.last_mut())
+            && *last == Try::Unknown
+        {
             *last = Try::Unsettled;
         }
     }
