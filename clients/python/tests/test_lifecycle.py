@@ -130,3 +130,18 @@ def test_fork_restarts_the_sender_in_the_child(agents, handlers, logger_for):
     assert by_message[f"from the child {pid}"]["process"] == pid
     assert by_message["queued in the parent before the fork"]["process"] == os.getpid()
     assert agent.connections == 2, "one connection per process"
+
+
+def test_the_socket_is_SLUICE_SOCKET_when_set_else_the_charts_path(monkeypatch):
+    import sluice_logging
+
+    monkeypatch.setenv("SLUICE_SOCKET", "/tmp/from-the-pod-spec.sock")
+    from_env = sluice_logging.SluiceHandler()
+    monkeypatch.delenv("SLUICE_SOCKET")
+    default = sluice_logging.SluiceHandler()
+    try:
+        assert from_env.socket_path == "/tmp/from-the-pod-spec.sock"
+        assert default.socket_path == "/run/sluice/sluice.sock"
+    finally:
+        from_env.close()
+        default.close()

@@ -136,6 +136,31 @@ def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_s
     assert stats["acknowledged"] == 2 and stats["unacknowledged"] == 0
 
 
+def test_a_refused_record_sent_again_after_a_reconnect_is_counted_by_its_last_answer(
+    agents, handlers, logger_for
+):
+    # Refused on the first connection, whose covering ACK never came; sent again (the numbers
+    # stay consecutive) and taken by the next: one row, so it is acknowledged, not a NAK.
+    agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None)
+    agent.hold_acks = True
+    agent.start()
+    handler = handlers(acknowledged=True)
+    log = logger_for(handler)
+    log.info("keep 1")
+    log.info("refuse me")
+    log.info("keep 2")
+    assert agent.wait_for_lines(2)
+    agent.stop()
+    agent.hold_acks = False
+    agent.nak = None
+    agent.start()
+    assert handler.flush(5)
+
+    stats = handler.stats()
+    assert stats["nak"] == {}, "its last answer was an ACK"
+    assert stats["acknowledged"] == 3 and stats["unacknowledged"] == 0
+
+
 def test_ack_mode_counts_naks_by_reason_and_does_not_resend_them(agents, handlers, logger_for):
     agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None).start()
     handler = handlers(acknowledged=True)

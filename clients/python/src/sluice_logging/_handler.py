@@ -24,8 +24,11 @@ from ._format import RecordFormatter
 from ._queue import FORMAT_ERROR, RecordQueue
 from ._sender import Sender
 
-#: Where the agent listens in the pod (``helm/sluice``: a shared ``emptyDir`` at /run/sluice).
+#: Where the agent listens in the pod (``helm/sluice``: a shared ``emptyDir`` at /run/sluice),
+#: unless the environment says otherwise: the chart and ``sluice inject`` set ``SLUICE_SOCKET``
+#: in the app's container.
 DEFAULT_SOCKET_PATH = "/run/sluice/sluice.sock"
+SOCKET_ENV = "SLUICE_SOCKET"
 DEFAULT_MAX_QUEUE_RECORDS = 8192
 DEFAULT_MAX_QUEUE_BYTES = 8 * 1024 * 1024
 #: The agent's default ``max_record_size`` (``ingest.listeners.<name>.max_record_size``).
@@ -79,7 +82,8 @@ class SluiceHandler(logging.Handler):
     incoming record is dropped and counted (``stats()``), never the caller blocked.
 
     Args:
-        socket_path: The agent's ``lines`` listener.
+        socket_path: The agent's ``lines`` listener; by default ``$SLUICE_SOCKET``, else
+            ``/run/sluice/sluice.sock``.
         level: As for every handler.
         max_queue_records: Records held at most: queued, and in acknowledged mode sent and not
             yet acknowledged.
@@ -102,7 +106,7 @@ class SluiceHandler(logging.Handler):
 
     def __init__(
         self,
-        socket_path: str = DEFAULT_SOCKET_PATH,
+        socket_path: Optional[str] = None,
         level: Union[int, str] = logging.NOTSET,
         *,
         max_queue_records: int = DEFAULT_MAX_QUEUE_RECORDS,
@@ -121,6 +125,8 @@ class SluiceHandler(logging.Handler):
             raise ValueError("max_record_size must be between 256 B and 64 MiB")
         if drop_below_warning_at is not None and not 0.0 < drop_below_warning_at <= 1.0:
             raise ValueError("drop_below_warning_at must be in (0, 1], or None")
+        if socket_path is None:
+            socket_path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET_PATH
         self.socket_path = os.fspath(socket_path)
         self.acknowledged = bool(acknowledged)
         self.flush_timeout = float(flush_timeout)

@@ -55,12 +55,14 @@ class Entry:
     ``seq`` is the client's own number for the record in its session (assigned at enqueue, one
     after the other, kept across resends) and ``time_us`` the time it was logged (Unix
     microseconds): in acknowledged mode both go to the agent (``SLUICE/2``), so a record sent
-    again after a reconnect is the same record, one row. ``refused``: the agent answered
-    ``NAK`` for it (counted once; it stays in line until an ``ACK`` covers it, so the numbers
-    sent after a reconnect stay consecutive).
+    again after a reconnect is the same record, one row. ``refused``: the reason of the agent's
+    ``NAK`` for its last send (it stays in line until an ``ACK`` covers it, so the numbers sent
+    after a reconnect stay consecutive, and is counted then: a record is counted by the last
+    answer it got). ``resent``: an earlier send's connection broke before it was settled, so
+    that send may have been stored (a send answered ``NAK`` was not).
     """
 
-    __slots__ = ("seq", "data", "levelno", "report", "time_us", "refused")
+    __slots__ = ("seq", "data", "levelno", "report", "time_us", "refused", "resent")
 
     def __init__(self, seq: int, data: bytes, levelno: int, report: bool = False, time_us: int = 0) -> None:
         self.seq = seq
@@ -68,7 +70,8 @@ class Entry:
         self.levelno = levelno
         self.report = report
         self.time_us = time_us
-        self.refused = False
+        self.refused: Optional[str] = None
+        self.resent = False
 
 
 class RecordQueue:
@@ -224,6 +227,12 @@ class RecordQueue:
             self._gen += 1
             self.connected = False
             if self._unacked:
+                for _, entry in self._unacked:
+                    # Sent again: the next connection's answer decides how it is counted. A
+                    # send that was refused was not stored; one never answered may have been.
+                    if entry.refused is None:
+                        entry.resent = True
+                    entry.refused = None
                 self._pending.extendleft(entry for _, entry in reversed(self._unacked))
                 self._unacked.clear()
                 self._unacked_bytes = 0
@@ -339,25 +348,36 @@ class RecordQueue:
             while self._unacked and self._unacked[0][0] <= number:
                 _, entry = self._unacked.popleft()
                 self._settle(entry)
-                if not entry.report and not entry.refused:
+                if entry.report:
+                    continue
+                if entry.refused is None:
                     self._acknowledged += 1
+                else:
+                    self._count_refused(entry)
             self.cond.notify_all()
 
     def nak(self, gen: int, number: int, reason: str) -> None:
-        """``NAK number reason``: that record was refused; it is counted (once) and never sent
-        again on its own account — the ``ACK`` that follows settles it."""
+        """``NAK number reason``: that record was refused; it is never sent again on its own
+        account, and counted when the ``ACK`` that follows settles it (or the sender stops)."""
         with self.cond:
             if gen != self._gen:
                 return
             for n, entry in self._unacked:
                 if n == number:
-                    if not entry.refused:
-                        entry.refused = True
-                        self._nak[reason] = self._nak.get(reason, 0) + 1
+                    if entry.refused is None:
+                        entry.refused = reason
                     break
                 if n > number:
                     break
             self.cond.notify_all()
+
+    def _count_refused(self, entry: Entry) -> None:
+        """A record whose last send was refused: a ``nak`` by its reason — or ``unconfirmed`` if
+        an earlier send's connection broke unsettled (that send may have been stored)."""
+        if entry.resent:
+            self._unconfirmed += 1
+        else:
+            self._nak[entry.refused] = self._nak.get(entry.refused, 0) + 1
 
     def _settle(self, entry: Entry) -> None:
         self._bytes -= len(entry.data)
@@ -394,7 +414,13 @@ class RecordQueue:
             for entry in self._pending:
                 if not entry.report:
                     self._drop(CLOSED, entry.levelno)
-            self._unconfirmed += sum(1 for _, entry in self._unacked if not entry.report)
+            for _, entry in self._unacked:
+                if entry.report:
+                    continue
+                if entry.refused is None:
+                    self._unconfirmed += 1
+                else:
+                    self._count_refused(entry)
             self._pending.clear()
             self._unacked.clear()
             self._bytes = self._unacked_bytes = 0
