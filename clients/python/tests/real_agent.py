@@ -3,7 +3,7 @@
 Owns: writing the agent's TOML config (one ``lines`` listener on the test's socket, the admin
 server on a loopback port the kernel picks and writes to ``admin_address_file``, the Kafka broker
 from ``SLUICE_TEST_KAFKA`` and a topic no other run uses), starting it and waiting for
-``/readyz``, stopping it (SIGTERM and wait; SIGKILL where a test means it), and reading its
+``/readyz`` (which does not wait for Kafka), stopping it (SIGTERM and wait; SIGKILL where a test means it), and reading its
 Prometheus metrics.
 
 The topic is not created here: the stack's broker has ``auto.create.topics.enable=true``
@@ -115,7 +115,8 @@ class RealAgent:
     # Lifecycle. -------------------------------------------------------------------------------
 
     def start(self) -> "RealAgent":
-        """Start the agent and wait until ``/readyz`` answers 200 ``ready`` (Kafka answered)."""
+        """Start the agent and wait until ``/readyz`` answers 200: its socket takes records
+        (``ready``, or ``ready (accepting records; …)`` while Kafka does not answer)."""
         assert not self.running(), "the agent is already running"
         try:
             os.unlink(self.admin_file)  # a restart binds another port: wait for the new one
@@ -141,7 +142,7 @@ class RealAgent:
                 self.admin = self._read_admin()
             if self.admin is not None:
                 status, body = self._get("/readyz")
-                if status == 200 and body.strip() == "ready":
+                if status == 200 and body.startswith("ready"):
                     return self
             time.sleep(0.05)
 
