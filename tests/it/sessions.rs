@@ -119,9 +119,10 @@ impl SessionClient {
 /// Issue 31: an acknowledged writer that sent again after a reconnect what it had not heard
 /// acknowledged stored those records twice — the row's key held the ingest time, so a resend was
 /// a new row. A client session names its records (`<session>-<seq>` in its pod, key time the
-/// client's): a record sent twice, or three times, across two agent kills, is one row.
+/// client's): a record sent twice, or three times, across two agent kills and a persister's, is
+/// one row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_session_resending_what_was_not_acknowledged_across_agent_kills_stores_each_record_once() {
+async fn a_session_resending_what_was_not_acknowledged_across_agent_and_persister_kills_stores_each_record_once() {
     let setup = Scenario::new("session")
         .disk_buffer()
         .partitions(2)
@@ -130,7 +131,7 @@ async fn a_session_resending_what_was_not_acknowledged_across_agent_kills_stores
         .build()
         .await;
     let (config, topic) = (&setup.config, &setup.topic);
-    let _persister = setup.persister().await;
+    let mut persister = setup.persister().await;
     let db = setup.db().await;
     let mut agent = setup.agent().await;
     let client = Arc::new(SessionClient::new(topic, 3000, &[825, 1830]));
@@ -144,13 +145,18 @@ async fn a_session_resending_what_was_not_acknowledged_across_agent_kills_stores
         })
     };
     // Killed twice once Kafka has what the client wrote, whose last acknowledgements the client
-    // did not hear (the connection died with them on the way): it sends those again.
-    for _ in 0..2 {
+    // did not hear (the connection died with them on the way): it sends those again. The
+    // persister is killed the first time too: Kafka delivers again what it had not committed.
+    for kill in 0..2 {
         within(Duration::from_secs(60), "the client stops for the kill", client.stopped.notified()).await;
         until_settled(config.agent_admin(), sluice::telemetry::SHIP_DELIVERED, &[]).await;
         let unheard = client.written.load(Ordering::SeqCst) - client.acked.load(Ordering::SeqCst);
         assert!(unheard > 0, "records written whose acknowledgement the client did not hear");
         agent.kill();
+        if kill == 0 {
+            persister.kill();
+            persister = setup.persister().await;
+        }
         agent = setup.agent().await;
         client.resume.notify_one();
     }
@@ -165,7 +171,7 @@ async fn a_session_resending_what_was_not_acknowledged_across_agent_kills_stores
     until_nothing_left(config).await;
     let numbers = stored_numbers(&db, topic).await;
     assert_each_once(&numbers, 1..total + 1);
-    drop(agent);
+    drop((agent, persister));
 }
 
 /// A session's acknowledgements carry the client's numbers; a line without the client's time is
