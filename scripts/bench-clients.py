@@ -72,7 +72,8 @@ def run_condition(condition, socket_path, args):
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SystemExit(f"{name} benchmark failed ({condition}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        # A result is a JSON object on a line of its own, or after `go test -bench`'s name.
+        lines = [json.loads(line[line.index("{"):]) for line in done.stdout.splitlines() if line.rstrip().endswith("}") and "{" in line]
         if not lines:
             raise SystemExit(f"{name} benchmark printed no result ({condition}):\n{done.stdout[-3000:]}")
         for line in lines:
@@ -87,7 +88,8 @@ def table(results):
     rows = ["| condition | client | variant | calls/s | p50 ns | p99 ns | p99.9 ns | max ns | calls > 1 ms | allocations per call | dropped |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
-        alloc = r.get("allocs_per_call", r.get("bytes_per_call", r.get("blocks_per_call", "")))
+        alloc = r.get("allocs_per_call", r.get("blocks_per_call", ""))
+        alloc = f"{alloc:.2f}" if isinstance(alloc, float) else alloc
         rows.append(
             f"| {r['condition']} | {r['client']} | {r['variant']} | {r.get('calls_per_second', '')} | "
             f"{r['p50_ns']:,} | {r['p99_ns']:,} | {r['p999_ns']:,} | {r['max_ns']:,} | {r['over_1ms']} | "
