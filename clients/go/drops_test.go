@@ -118,7 +118,7 @@ func TestRecordsBelowWarnAreDroppedFirstAboveTheHighWaterMark(t *testing.T) {
 		log.Warn("five more fit")
 	}
 	s := c.Stats()
-	want := map[DropReason]map[string]uint64{DropHighWater: {"info": 2}, DropFull: {"warning": 1}}
+	want := map[DropReason]map[string]uint64{DropHighWater: {"info": 2}, DropFull: {"warn": 1}}
 	if s.Queued != 10 || !reflect.DeepEqual(s.Dropped, want) {
 		t.Errorf("stats %+v", s)
 	}
@@ -159,7 +159,7 @@ func TestTheDroppedRecordArrivesInBandOnceTheAgentIsBack(t *testing.T) {
 		}
 	}
 	report := records[5]
-	if report["sluice.client"] != "dropped" || report["count"] != float64(3) || report["level"] != "warning" ||
+	if report["sluice.client"] != "dropped" || report["count"] != float64(3) || report["level"] != "warn" ||
 		!strings.HasSuffix(report["since"].(string), "Z") {
 		t.Errorf("report %v", report)
 	}

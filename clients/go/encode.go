@@ -230,9 +230,10 @@ func appendDigits(dst []byte, v, width int) []byte {
 	return append(dst, digits[:width]...)
 }
 
-// levelName is the name a record's level is stored and counted under: lower case, as the Python
-// client writes them ("debug", "info", "warning", "error"); a level between them is slog's name
-// for it, lower-cased ("info+2").
+// levelName is the name a record's level is stored and counted under: OpenTelemetry's severity
+// names, lower-cased, as every client writes them ("debug", "info", "warn", "error", "fatal" for
+// slog.LevelError+4 and above); a level between them is slog's name for it, lower-cased
+// ("info+2").
 func levelName(level slog.Level) string {
 	switch level {
 	case slog.LevelDebug:
@@ -240,9 +241,12 @@ func levelName(level slog.Level) string {
 	case slog.LevelInfo:
 		return "info"
 	case slog.LevelWarn:
-		return "warning"
+		return "warn"
 	case slog.LevelError:
 		return "error"
+	}
+	if level >= slog.LevelError+4 {
+		return "fatal"
 	}
 	return strings.ToLower(level.String())
 }

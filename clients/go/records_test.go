@@ -87,7 +87,7 @@ func TestAttrsNamedLikeTheRecordsOwnFieldsAreKeptUnderTheExtraPrefix(t *testing.
 	flush(t, c, 5*time.Second)
 
 	record := agent.expect(t, 1)[0]
-	if record["level"] != "warning" || record["extra.level"] != "mine" || record["extra.time"] != float64(3) {
+	if record["level"] != "warn" || record["extra.level"] != "mine" || record["extra.time"] != float64(3) {
 		t.Errorf("record %v", record)
 	}
 	if record["g"].(map[string]any)["level"] != "nested is fine" {
@@ -168,21 +168,21 @@ func TestValuesJSONCannotHoldBecomeTextAndNestingStaysBelowTheAgentsLimit(t *tes
 	}
 }
 
-func TestLevelsAreNamedAsThePythonClientNamesThemAndTheHandlerLevelFilters(t *testing.T) {
+func TestLevelsAreOpenTelemetrysSeverityNamesAndTheHandlerLevelFilters(t *testing.T) {
 	path := socketPath(t)
 	agent := startFakeAgent(t, path)
 	c := newClient(t, path)
 	log := slog.New(c.Handler(&HandlerOptions{Level: slog.LevelInfo}))
 	log.Debug("filtered")
-	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelWarn, slog.LevelError, slog.LevelInfo + 2} {
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelWarn, slog.LevelError, slog.LevelInfo + 2, slog.LevelError + 4} {
 		log.Log(context.Background(), level, "at a level")
 	}
 	flush(t, c, 5*time.Second)
 	var levels []string
-	for _, r := range agent.expect(t, 4) {
+	for _, r := range agent.expect(t, 5) {
 		levels = append(levels, r["level"].(string))
 	}
-	if got := strings.Join(levels, ","); got != "info,warning,error,info+2" {
+	if got := strings.Join(levels, ","); got != "info,warn,error,info+2,fatal" {
 		t.Errorf("levels %s", got)
 	}
 }

@@ -32,7 +32,7 @@ func (q *queue) addReport() {
 	now := q.now()
 	data := []byte(`{"time":`)
 	data = appendTime(data, now)
-	data = append(data, `,"level":"warning","logger":"sluice","message":"sluice client dropped `...)
+	data = append(data, `,"level":"warn","logger":"sluice","message":"sluice client dropped `...)
 	data = fmt.Appendf(data, `%d log records","sluice.client":"dropped","count":%d,"since":`, total, total)
 	data = appendTime(data, q.unreportedSince)
 	data = append(data, `,"by_reason":`...)

@@ -31,7 +31,7 @@ type Stats struct {
 	// after a reconnect counts again). Acknowledged counts records the agent acknowledged.
 	Sent         uint64
 	Acknowledged uint64
-	// Dropped counts dropped records by reason, then by level name ("info", "warning", …).
+	// Dropped counts dropped records by reason, then by level name ("info", "warn", …).
 	Dropped      map[DropReason]map[string]uint64
 	DroppedTotal uint64
 	// NAK counts records the agent refused (acknowledged mode), by the agent's reason

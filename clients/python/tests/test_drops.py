@@ -54,7 +54,7 @@ def test_records_below_warning_are_dropped_first_above_the_high_water_mark(handl
         log.warning("five more fit")
     stats = handler.stats()
     assert stats["queued"] == 10
-    assert stats["dropped"] == {"high_water": {"info": 2}, "full": {"warning": 1}}
+    assert stats["dropped"] == {"high_water": {"info": 2}, "full": {"warn": 1}}
 
 
 def test_the_queue_is_bounded_by_bytes_as_well_as_records(handlers, logger_for):
@@ -84,7 +84,7 @@ def test_the_dropped_record_arrives_in_band_after_the_agent_comes_back(agents, h
     assert report["count"] == 3
     assert report["by_reason"] == {"full": 3}
     assert report["by_level"] == {"info": 2, "error": 1}
-    assert report["since"].endswith("Z") and report["level"] == "warning"
+    assert report["since"].endswith("Z") and report["level"] == "warn"
     assert handler.stats()["reports_sent"] == 1
 
     log.info("after")

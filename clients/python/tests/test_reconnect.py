@@ -124,7 +124,9 @@ def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_s
     log.info("refuse me")
     log.info("keep 2")
     assert agent.wait_for_lines(2)
-    agent.stop()  # the NAK came, the ACK never did
+    # The NAK came (heard by the client), the ACK never did.
+    assert wait_until(lambda: any(entry.refused for _, entry in list(handler._queue._unacked)), timeout=5)
+    agent.stop()
     agent.hold_acks = False
     agent.start()
     assert handler.flush(5)
@@ -150,6 +152,7 @@ def test_a_refused_record_sent_again_after_a_reconnect_is_counted_by_its_last_an
     log.info("refuse me")
     log.info("keep 2")
     assert agent.wait_for_lines(2)
+    assert wait_until(lambda: any(entry.refused for _, entry in list(handler._queue._unacked)), timeout=5)
     agent.stop()
     agent.hold_acks = False
     agent.nak = None
@@ -194,7 +197,7 @@ def test_ack_mode_never_evicts_records_awaiting_acknowledgement(agents, handlers
     log.critical("no room: sent records still count")
     stats = handler.stats()
     assert stats["unacknowledged"] == 4
-    assert stats["dropped"] == {"full": {"critical": 1}}
+    assert stats["dropped"] == {"full": {"fatal": 1}}
 
     agent.hold_acks = False
     assert handler.flush(5)

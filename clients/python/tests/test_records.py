@@ -60,7 +60,7 @@ def test_extra_fields_named_like_core_fields_are_kept_under_extra_prefix(agent, 
     logger_for(handler).warning("hello", extra={"level": "mine", "time": 3})
     assert handler.flush(5)
     (record,) = agent.expect(1)
-    assert record["level"] == "warning" and record["extra.level"] == "mine" and record["extra.time"] == 3
+    assert record["level"] == "warn" and record["extra.level"] == "mine" and record["extra.time"] == 3
 
 
 def test_values_json_cannot_hold_become_strings_and_nesting_stays_below_the_agents_limit(

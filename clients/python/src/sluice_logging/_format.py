@@ -56,11 +56,14 @@ CORE_FIELDS = (
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 _encode = _ENCODER.encode
 
-_LEVEL_NAMES: Dict[int, str] = {}
+#: The level words every client writes: OpenTelemetry's severity names, lower-cased (trace,
+#: debug, info, warn, error, fatal), so one query finds warnings from every language. Python's
+#: WARNING is ``warn`` and CRITICAL ``fatal``; a level of the app's own keeps its name.
+_LEVEL_NAMES: Dict[int, str] = {logging.WARNING: "warn", logging.CRITICAL: "fatal"}
 
 
 def level_name(levelno: int) -> str:
-    """``"info"``, ``"warning"``…: Python's level name, lower-cased (the persister's
+    """``"info"``, ``"warn"``…: the record's level word (``_LEVEL_NAMES``; the persister's
     ``level`` column is lower-case)."""
     name = _LEVEL_NAMES.get(levelno)
     if name is None:

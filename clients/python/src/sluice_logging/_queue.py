@@ -256,7 +256,7 @@ class RecordQueue:
         now = self._wall_clock()
         report = {
             "time": rfc3339(now),
-            "level": "warning",
+            "level": "warn",
             "logger": "sluice_logging",
             "message": f"sluice client dropped {total} log records",
             "sluice.client": "dropped",
