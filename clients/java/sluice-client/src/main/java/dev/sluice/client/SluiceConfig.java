@@ -12,6 +12,8 @@ import java.util.function.Consumer;
 public final class SluiceConfig {
     /** Where the agent listens in the pod (the Helm chart's shared {@code emptyDir}). */
     public static final String DEFAULT_SOCKET_PATH = "/run/sluice/sluice.sock";
+    /** The variable the chart and {@code sluice inject} set in the app's container to the socket. */
+    public static final String SOCKET_ENV = "SLUICE_SOCKET";
     /** Records held at most: queued, plus (acknowledged mode) sent and not yet acknowledged. */
     public static final int DEFAULT_MAX_QUEUE_RECORDS = 8192;
     /** Bytes held at most, counted the same way. */
@@ -96,9 +98,15 @@ public final class SluiceConfig {
         return notices;
     }
 
+    /** {@code $SLUICE_SOCKET} when it is set, else {@link #DEFAULT_SOCKET_PATH}. */
+    public static String defaultSocketPath() {
+        String fromEnv = System.getenv(SOCKET_ENV);
+        return fromEnv == null || fromEnv.isEmpty() ? DEFAULT_SOCKET_PATH : fromEnv;
+    }
+
     /** Collects options; {@link #build()} checks them and says which one is wrong. */
     public static final class Builder {
-        private Path socketPath = Path.of(DEFAULT_SOCKET_PATH);
+        private Path socketPath = Path.of(defaultSocketPath());
         private int maxQueueRecords = DEFAULT_MAX_QUEUE_RECORDS;
         private long maxQueueBytes = DEFAULT_MAX_QUEUE_BYTES;
         private double dropBelowWarnAt = DEFAULT_DROP_BELOW_WARN_AT;

@@ -69,7 +69,7 @@ public final class SluiceAppender extends AbstractAppender {
     public static final class Builder extends AbstractAppender.Builder<Builder>
             implements org.apache.logging.log4j.core.util.Builder<SluiceAppender> {
         @PluginBuilderAttribute
-        private String socketPath = SluiceConfig.DEFAULT_SOCKET_PATH;
+        private String socketPath = SluiceConfig.defaultSocketPath();
 
         @PluginBuilderAttribute
         private boolean acknowledged;

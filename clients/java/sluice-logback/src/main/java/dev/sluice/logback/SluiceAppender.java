@@ -38,7 +38,7 @@ import org.slf4j.event.KeyValuePair;
  * caller blocked. {@link #stop()} drains for at most {@code flushTimeout}.
  */
 public class SluiceAppender extends UnsynchronizedAppenderBase<ILoggingEvent> {
-    private String socketPath = SluiceConfig.DEFAULT_SOCKET_PATH;
+    private String socketPath = SluiceConfig.defaultSocketPath();
     private boolean acknowledged;
     private int maxQueueRecords = SluiceConfig.DEFAULT_MAX_QUEUE_RECORDS;
     private FileSize maxQueueBytes = new FileSize(SluiceConfig.DEFAULT_MAX_QUEUE_BYTES);
@@ -197,7 +197,7 @@ public class SluiceAppender extends UnsynchronizedAppenderBase<ILoggingEvent> {
 
     // Options (Joran bean properties). ------------------------------------------------------------
 
-    /** The agent's {@code lines} listener; default {@code /run/sluice/sluice.sock}. */
+    /** The agent's {@code lines} listener; default {@code $SLUICE_SOCKET}, else {@code /run/sluice/sluice.sock}. */
     public void setSocketPath(String socketPath) {
         this.socketPath = socketPath;
     }
