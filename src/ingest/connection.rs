@@ -197,7 +197,12 @@ pub async fn serve(
                     if let Some(len) = given_up {
                         debug!(len, "a partial record held read room another connection waits for; given up");
                         let ack = replies.line_ack(&ingest).await;
+                        let unnumbered = session.is_some() && ack.is_none();
                         sink.reject(Rejected::Truncated, ack);
+                        if unnumbered {
+                            // A session's numbers would drift from the client's: read no further.
+                            break;
+                        }
                     }
                     continue;
                 }

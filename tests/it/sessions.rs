@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::support::*;
@@ -475,4 +475,65 @@ async fn any_interleaving_of_sends_acknowledgements_and_disconnects_stores_each_
         assert_eq!(sorted, (1..=*records).collect::<Vec<_>>(), "case {tag}: each record once; steps {steps:?}");
     }
     drop(agent);
+}
+
+/// Issue 31 (cold review): a session's partial record given up for read room another connection
+/// waited for, after its acknowledgements could no longer be written, was refused without a
+/// number and the connection read on: its next record took the given-up record's number, so it
+/// was stored under that id and then, sent again under its own, stored twice. A session
+/// connection now reads no further once a record cannot be numbered, as for `too_large` and
+/// `truncated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_record_given_up_for_read_room_after_its_acks_failed_does_not_shift_the_numbers() {
+    // One record of 8 MiB may need the whole read pool: a partial one holds it alone.
+    let pipeline = Scenario::new("session-giveup").listener("default", "max_record_size", "8 MiB").pipeline().await;
+    let (config, db, tag) = (&pipeline.config, &pipeline.db, pipeline.topic.clone());
+    let session = uuid::Uuid::now_v7().simple().to_string();
+    let times: Vec<i64> = (0..3).map(|n| chrono::Utc::now().timestamp_micros() + n).collect();
+    let line = |n: u64| format!("{} {}\n", times[n as usize - 1], numbered(&tag, n));
+
+    let stream = UnixStream::connect(config.socket()).await.expect("connect");
+    let (read, mut write) = stream.into_split();
+    write.write_all(format!("SLUICE/2 ACK session={session} first=1\n").as_bytes()).await.expect("handshake");
+    let mut lines = BufReader::new(read).lines();
+    let hello = within(Duration::from_secs(10), "the handshake's answer", lines.next_line()).await;
+    assert!(matches!(&hello, Ok(Some(line)) if line.starts_with("OK ")), "{hello:?}");
+    // The client stops reading: the agent's next acknowledgement cannot be written.
+    let read = lines.into_inner().into_inner();
+    let stream = read.reunite(write).expect("the halves of one stream");
+    let stream = stream.into_std().expect("std stream");
+    stream.shutdown(std::net::Shutdown::Read).expect("shut the read side");
+    let mut stream = UnixStream::from_std(stream).expect("tokio stream");
+    stream.write_all(line(1).as_bytes()).await.expect("record 1");
+    until_rows(db, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // its ACK written, and failed
+
+    // Record 2 stops half way, holding the read pool; another connection's long line waits for it.
+    let head = format!("{} {{\"tag\":\"{tag}\",\"pad\":\"", times[1]);
+    stream.write_all(head.as_bytes()).await.expect("record 2's head");
+    stream.write_all(&vec![b'h'; 8 * 1024 * 1024 - 4096]).await.expect("record 2's body");
+    let mut waiter = UnixStream::connect(config.socket()).await.expect("connect");
+    let mut long = format!("{{\"message\":\"waiting\",\"pad\":\"{}\"}}", "w".repeat(100 * 1024)).into_bytes();
+    long.push(b'\n');
+    waiter.write_all(&long).await.expect("the waiting line");
+    let truncated = [("listener", "default"), ("reason", "truncated")];
+    until_metric_at_least(config.agent_admin(), sluice::telemetry::INGEST_REJECTED, &truncated, 1.0).await;
+    // The writer goes on: the rest of record 2, then record 3 — which must not take number 2.
+    let _ = stream.write_all(b"\"}\n").await;
+    let _ = stream.write_all(line(3).as_bytes()).await;
+    drop(stream);
+
+    // The client sends again what it never heard acknowledged: 2 and 3, under their numbers.
+    let mut again = UnixStream::connect(config.socket()).await.expect("connect");
+    let text = format!("SLUICE/2 ACK session={session} first=2\n{}{}", line(2), line(3));
+    again.write_all(text.as_bytes()).await.expect("resend");
+    again.shutdown().await.expect("shutdown");
+    let mut answers = String::new();
+    let _ = within(Duration::from_secs(20), "the resend's acknowledgements", again.read_to_string(&mut answers)).await;
+    assert!(answers.lines().any(|line| line == "ACK 3"), "{answers:?}");
+
+    until_rows(db, 4).await; // the three records and the waiting line
+    until_nothing_left(config).await;
+    let numbers = stored_numbers(db, &tag).await;
+    assert_each_once(&numbers, 1..=3);
 }
