@@ -32,9 +32,12 @@ type entry struct {
 	data   []byte // the record and its newline; never changed once queued
 	level  slog.Level
 	report bool // the in-band "dropped" report, not an application record
-	// refused: the agent answered NAK for it. It is counted once and keeps its place until an ACK
-	// covers it, so that the numbers sent after a reconnect stay consecutive.
-	refused bool
+	// refused: the reason of the agent's NAK for its last send. It keeps its place until an ACK
+	// covers it, so that the numbers sent after a reconnect stay consecutive, and is counted then,
+	// by the last answer it got. resent: an earlier send's connection broke before it was
+	// settled, so that send may have been stored (a send answered NAK was not).
+	refused string
+	resent  bool
 }
 
 type dropKey struct {
@@ -252,6 +255,14 @@ func (q *queue) connectionLost(gen uint64, errText string) {
 	}
 	q.gen++
 	q.connected = false
+	for i := 0; i < q.inflight; i++ {
+		// Sent again: the next connection's answer decides how it is counted.
+		e := q.at(i)
+		if e.refused == "" {
+			e.resent = true
+		}
+		e.refused = ""
+	}
 	q.inflight = 0
 	q.inBytes = 0
 	q.wakeSender()
@@ -357,15 +368,29 @@ func (q *queue) ack(gen, number uint64) {
 		e := q.popFront()
 		q.inflight--
 		q.inBytes -= len(e.data)
-		if !e.report && !e.refused {
+		switch {
+		case e.report:
+		case e.refused == "":
 			q.acknowledged++
+		default:
+			q.countRefused(e)
 		}
 	}
 	q.broadcastSettled()
 }
 
-// nak: the record numbered number was refused. It is counted once and is never sent again on
-// its own account — the ACK that follows settles it.
+// countRefused counts a record whose last send was refused: a NAK by its reason, or unconfirmed
+// if an earlier send's connection broke unsettled (that send may have been stored).
+func (q *queue) countRefused(e entry) {
+	if e.resent {
+		q.unconfirmed++
+	} else {
+		q.naks[e.refused]++
+	}
+}
+
+// nak: the record numbered number was refused. It is never sent again on its own account, and
+// is counted when the ACK that follows settles it (or the sender stops).
 func (q *queue) nak(gen, number uint64, reason string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -376,9 +401,8 @@ func (q *queue) nak(gen, number uint64, reason string) {
 	if i >= uint64(q.inflight) {
 		return
 	}
-	if e := q.at(int(i)); !e.refused {
-		e.refused = true
-		q.naks[reason]++
+	if e := q.at(int(i)); e.refused == "" {
+		e.refused = reason
 	}
 }
 
@@ -430,6 +454,8 @@ func (q *queue) stop() {
 		e := q.at(i)
 		switch {
 		case e.report:
+		case i < q.inflight && e.refused != "":
+			q.countRefused(*e)
 		case i < q.inflight:
 			q.unconfirmed++
 		default:

@@ -4,9 +4,11 @@ package sluice
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -194,7 +196,7 @@ func TestARefusedRecordKeepsItsPlaceUntilAcknowledgedSoResentNumbersStayConsecut
 		}
 		return ""
 	}
-	agent, c := threeUnacknowledgedThenTheAgentRestarts(t, refuse, nil)
+	agent, c := threeUnacknowledgedThenTheAgentRestarts(t, refuse, waitForTheNAK(t))
 	flush(t, c, 5*time.Second)
 
 	_, _, numbered, _ := agent.snapshot()
@@ -208,6 +210,62 @@ func TestARefusedRecordKeepsItsPlaceUntilAcknowledgedSoResentNumbersStayConsecut
 	s := c.Stats()
 	if !reflect.DeepEqual(s.NAK, map[string]uint64{"rate_limited": 1}) || s.Acknowledged != 3 || s.Unacknowledged != 0 {
 		t.Errorf("refused twice, counted once: %+v", s)
+	}
+}
+
+// waitForTheNAK waits until the client heard a NAK for a record still awaiting its ACK (the
+// agent sent it; the client reads it on its own time).
+func waitForTheNAK(t *testing.T) func(*Client) {
+	return func(c *Client) {
+		heard := func() bool {
+			c.q.mu.Lock()
+			defer c.q.mu.Unlock()
+			for i := 0; i < c.q.inflight; i++ {
+				if c.q.at(i).refused != "" {
+					return true
+				}
+			}
+			return false
+		}
+		if !waitUntil(heard, 5*time.Second) {
+			t.Fatal("the client did not hear the NAK")
+		}
+	}
+}
+
+func TestARefusedRecordSentAgainAfterAReconnectIsCountedByItsLastAnswer(t *testing.T) {
+	// Refused on the first connection, whose covering ACK never came; sent again (the numbers
+	// stay consecutive) and taken by the next agent: one row, so it is acknowledged, not a NAK.
+	path := socketPath(t)
+	first := newFakeAgent(t, path)
+	first.nak = func(_ uint64, line []byte) string {
+		if bytes.Contains(line, []byte("refuse me")) {
+			return "rate_limited"
+		}
+		return ""
+	}
+	first.holdAcks.Store(true)
+	if err := first.start(); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, path, WithAcknowledged(true))
+	log := newLogger(c, nil)
+	for _, message := range []string{"keep 1", "refuse me", "keep 2"} {
+		log.Info(message)
+	}
+	if !first.waitFor(func(a *fakeAgent) bool { return len(a.lines)+len(a.rejected) >= 3 }, 5*time.Second) {
+		t.Fatal("the three records did not arrive")
+	}
+	waitForTheNAK(t)(c)
+	first.stop()
+	second := newFakeAgent(t, path) // takes everything
+	if err := second.start(); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, c, 5*time.Second)
+	s := c.Stats()
+	if len(s.NAK) != 0 || s.Acknowledged != 3 || s.Unacknowledged != 0 || s.Unconfirmed != 0 {
+		t.Errorf("its last answer was an ACK: %+v", s)
 	}
 }
 
@@ -299,5 +357,36 @@ func TestAckModeReconnectsWhenTheAgentAnswersWhatIsNotTheProtocol(t *testing.T) 
 	flush(t, c, 5*time.Second)
 	if s := c.Stats(); s.AckPoint != "delivered" || s.Acknowledged != 1 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestAnAgentThatClosesEveryConnectionAtOnceIsDialledWithBackoffNotInALoop(t *testing.T) {
+	// As the agent does over its max_connections, or for a peer it does not allow.
+	path := socketPath(t)
+	listener, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	var accepted atomic.Int64
+	go func() {
+		for {
+			conn, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			conn.Close()
+		}
+	}()
+	c := newClient(t, path)
+	log := newLogger(c, nil)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		log.Info("into a closed door")
+		time.Sleep(time.Millisecond)
+	}
+	// 20 ms doubling to 2 s: about seven dials in a second, not one per record written.
+	if n := accepted.Load(); n > 15 {
+		t.Errorf("%d connections in a second", n)
 	}
 }

@@ -71,6 +71,7 @@ type connection struct {
 	conn   *net.UnixConn
 	gen    uint64
 	next   uint64 // acknowledged mode: the number the agent gives the next record on it
+	opened time.Time
 	broken atomic.Bool
 	once   sync.Once
 }
@@ -93,6 +94,9 @@ type sender struct {
 	stopCh  chan struct{} // closed by Close
 	done    chan struct{} // closed when run returns
 	current atomic.Pointer[connection]
+	// lostAfter: how long the last connection lost had lived (ns; 0 once the next dial decided
+	// its backoff on it).
+	lostAfter atomic.Int64
 
 	connectedBefore bool
 	batch           []batchEntry
@@ -168,11 +172,20 @@ func (s *sender) step(b *backoff) {
 		if c != nil {
 			s.lose(c, nil)
 		}
+		if lived := time.Duration(s.lostAfter.Swap(0)); lived > 0 {
+			if lived < backoffMax {
+				// The last connection ended soon after it opened — an agent that accepts and
+				// closes at once (over its max_connections, a peer it does not allow) — so back
+				// off as for a failed dial instead of dialling again at once.
+				s.sleep(b.delay())
+				return
+			}
+			b.reset()
+		}
 		if c = s.connect(); c == nil {
 			s.sleep(b.delay())
 			return
 		}
-		b.reset()
 	}
 	if s.acknowledged {
 		s.sendNumbered(c)
@@ -235,7 +248,7 @@ func (s *sender) connect() *connection {
 			return nil
 		}
 	}
-	c := &connection{conn: unix, next: first}
+	c := &connection{conn: unix, next: first, opened: time.Now()}
 	c.gen = s.q.connectionOpened(ackPoint, s.connectedBefore)
 	s.connectedBefore = true
 	s.current.Store(c)
@@ -355,7 +368,9 @@ func (s *sender) lose(c *connection, err error) {
 		errText = describe(err)
 	}
 	s.q.connectionLost(c.gen, errText)
-	s.current.CompareAndSwap(c, nil)
+	if s.current.CompareAndSwap(c, nil) {
+		s.lostAfter.Store(max(int64(time.Since(c.opened)), 1))
+	}
 }
 
 func (s *sender) writeNotice() {

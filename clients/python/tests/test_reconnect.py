@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 from sluice_logging._sender import Backoff
@@ -206,3 +207,40 @@ def test_ack_mode_never_evicts_records_awaiting_acknowledgement(agents, handlers
     messages = [r["message"] for r in agent.records() if "sluice.client" not in r]
     assert messages == [f"awaiting ack {i}" for i in range(4)] + ["room again"]
     assert any(r.get("sluice.client") == "dropped" for r in agent.records())
+
+
+def test_an_agent_that_closes_every_connection_at_once_is_connected_to_with_backoff(tmp_path, handlers, logger_for):
+    # As the agent does over its max_connections, or for a peer it does not allow.
+    path = str(tmp_path / "closing.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    accepted = 0
+    stop = False
+
+    def close_each() -> None:
+        nonlocal accepted
+        server.settimeout(0.1)
+        while not stop:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted += 1
+            conn.close()
+
+    closer = threading.Thread(target=close_each, daemon=True)
+    closer.start()
+    try:
+        handler = handlers(socket_path=path)
+        log = logger_for(handler)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            log.info("into a closed door")
+            time.sleep(0.001)
+    finally:
+        stop = True
+        closer.join(2)
+        server.close()
+    # 20 ms doubling to 2 s: about seven connections in a second, not one per record written.
+    assert accepted <= 15, f"{accepted} connections in a second"

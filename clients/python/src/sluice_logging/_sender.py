@@ -18,6 +18,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from typing import Optional, Tuple
 
 from ._queue import RecordQueue
@@ -75,6 +76,7 @@ class Connection:
         self.sock = sock
         self.gen = gen
         self.broken = False
+        self.opened = time.monotonic()
 
     def shut(self) -> None:
         """Mark it broken and wake whichever thread waits on it."""
@@ -93,6 +95,9 @@ class Sender:
         self._path = socket_path
         self._acknowledged = acknowledged
         self._conn: Optional[Connection] = None
+        # How long the last connection lost had lived (seconds; None once the next connect
+        # decided its backoff on it). Written by whichever thread lost it.
+        self._lost_after: Optional[float] = None
         self._connected_before = False
         self._thread = threading.Thread(target=self._run, name="sluice-sender", daemon=True)
 
@@ -149,11 +154,19 @@ class Sender:
         if conn is None or conn.broken:
             if conn is not None:
                 self._lose(conn, None)
+            lived, self._lost_after = self._lost_after, None
+            if lived is not None:
+                if lived < BACKOFF_MAX_SECONDS:
+                    # The last connection ended soon after it opened — an agent that accepts and
+                    # closes at once (over its max_connections, a peer it does not allow) — so
+                    # back off as for a failed connect instead of connecting again at once.
+                    queue.sleep(backoff.next())
+                    return
+                backoff.reset()
             conn = self._connect()
             if conn is None:
                 queue.sleep(backoff.next())
                 return
-            backoff.reset()
         if self._acknowledged:
             self._send_numbered(conn)
         else:
@@ -255,6 +268,7 @@ class Sender:
         self._queue.connection_lost(conn.gen, error)
         if self._conn is conn:
             self._conn = None
+            self._lost_after = time.monotonic() - conn.opened
 
     def _write_notice(self) -> None:
         line = self._queue.take_notice(self._path)

@@ -27,6 +27,8 @@ final class Connection {
     volatile boolean broken;
     /** Set when this client ends the connection itself: errors after that are its own doing. */
     volatile boolean shutting;
+    /** When it was opened ({@link System#nanoTime()}): one that ends soon after is backed off from. */
+    final long openedNanos = System.nanoTime();
 
     Connection(SocketChannel channel) throws IOException {
         this.channel = channel;

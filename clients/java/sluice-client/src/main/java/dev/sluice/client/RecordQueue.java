@@ -33,6 +33,8 @@ final class RecordQueue {
     private static final byte REPORT = 1;
     private static final byte REFUSED = 2;
     private static final byte SENT_BEFORE = 4;
+    /** An earlier send's connection broke before it was settled: that send may have been stored. */
+    private static final byte MAYBE_STORED = 8;
 
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition changed = lock.newCondition();
@@ -51,6 +53,11 @@ final class RecordQueue {
     private long[] times;
     private byte[] levels;
     private byte[] flags;
+    /**
+     * The reason of the agent's {@code NAK} for a record's last send (null if none): counted when
+     * the {@code ACK} that follows settles it, so a record is counted by the last answer it got.
+     */
+    private String[] refusals;
     private int mask;
     private int head;
     private int count;
@@ -105,6 +112,7 @@ final class RecordQueue {
         times = new long[capacity];
         levels = new byte[capacity];
         flags = new byte[capacity];
+        refusals = new String[capacity];
         mask = capacity - 1;
     }
 
@@ -113,6 +121,7 @@ final class RecordQueue {
         long[] oldTimes = times;
         byte[] oldLevels = levels;
         byte[] oldFlags = flags;
+        String[] oldRefusals = refusals;
         int oldMask = mask;
         allocate(Math.min(maxCapacity, oldData.length * 2));
         for (int k = 0; k < count; k++) {
@@ -121,6 +130,7 @@ final class RecordQueue {
             times[k] = oldTimes[from];
             levels[k] = oldLevels[from];
             flags[k] = oldFlags[from];
+            refusals[k] = oldRefusals[from];
         }
         head = 0;
     }
@@ -144,6 +154,7 @@ final class RecordQueue {
         byte flag = flags[i];
         bytes -= data[i].length;
         data[i] = null;
+        refusals[i] = null;
         head = (head + 1) & mask;
         count--;
         headSeq++;
@@ -308,6 +319,15 @@ final class RecordQueue {
             }
             gen++;
             connected = false;
+            for (int k = 0; k < inFlight; k++) {
+                // Sent again: the next connection's answer decides how it is counted.
+                int i = (head + k) & mask;
+                if ((flags[i] & REFUSED) == 0) {
+                    flags[i] |= MAYBE_STORED;
+                }
+                flags[i] &= ~REFUSED;
+                refusals[i] = null;
+            }
             inFlight = 0;
             inFlightBytes = 0;
             changed.signalAll();
@@ -450,11 +470,17 @@ final class RecordQueue {
             }
             while (inFlight > 0 && headSeq <= n) {
                 int length = data[head].length;
+                String refusal = refusals[head];
                 byte flag = pop();
                 inFlight--;
                 inFlightBytes -= length;
-                if ((flag & (REPORT | REFUSED)) == 0) {
+                if ((flag & REPORT) != 0) {
+                    continue;
+                }
+                if ((flag & REFUSED) == 0) {
                     acknowledged++;
+                } else {
+                    countRefused(flag, refusal);
                 }
             }
             changed.signalAll();
@@ -464,8 +490,20 @@ final class RecordQueue {
     }
 
     /**
-     * {@code NAK n reason}: that record was refused; it is counted (once) and never sent again on
-     * its own account — the {@code ACK} that follows settles it.
+     * A record whose last send was refused: a {@code nak} by its reason, or {@code unconfirmed} if
+     * an earlier send's connection broke unsettled (that send may have been stored).
+     */
+    private void countRefused(byte flag, String reason) {
+        if ((flag & MAYBE_STORED) != 0) {
+            unconfirmed++;
+        } else {
+            nak.merge(reason, 1L, Long::sum);
+        }
+    }
+
+    /**
+     * {@code NAK n reason}: that record was refused; it is never sent again on its own account,
+     * and counted when the {@code ACK} that follows settles it (or the sender stops).
      */
     void nak(long generation, long n, String reason) {
         lock.lock();
@@ -478,9 +516,23 @@ final class RecordQueue {
                 int i = (head + (int) offset) & mask;
                 if ((flags[i] & REFUSED) == 0) {
                     flags[i] |= REFUSED;
-                    nak.merge(reason, 1L, Long::sum);
+                    refusals[i] = reason;
                 }
             }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Records the agent refused whose covering {@code ACK} has not come yet (not counted yet). */
+    int refusedAwaitingAck() {
+        lock.lock();
+        try {
+            int refused = 0;
+            for (int k = 0; k < inFlight; k++) {
+                refused += (flags[(head + k) & mask] & REFUSED) != 0 ? 1 : 0;
+            }
+            return refused;
         } finally {
             lock.unlock();
         }
@@ -542,7 +594,9 @@ final class RecordQueue {
             for (int k = 0; k < count; k++) {
                 int i = (head + k) & mask;
                 if ((flags[i] & REPORT) == 0) {
-                    if (k < inFlight) {
+                    if (k < inFlight && (flags[i] & REFUSED) != 0) {
+                        countRefused(flags[i], refusals[i]);
+                    } else if (k < inFlight) {
                         unconfirmed++;
                     } else {
                         // Counted, not announced: close() writes the summary, and no connection is left to report on.
@@ -550,6 +604,7 @@ final class RecordQueue {
                     }
                 }
                 data[i] = null;
+                refusals[i] = null;
             }
             headSeq += count;
             count = 0;

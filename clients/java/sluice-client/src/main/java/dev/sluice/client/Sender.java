@@ -47,6 +47,8 @@ final class Sender {
     private final Thread thread;
 
     private volatile Connection conn;
+    /** How long the last connection lost had lived (0 once the next connect decided its backoff on it). */
+    private final java.util.concurrent.atomic.AtomicLong lostAfterNanos = new java.util.concurrent.atomic.AtomicLong();
     private volatile SocketChannel connecting;
     private boolean connectedBefore;
 
@@ -130,12 +132,22 @@ final class Sender {
             if (c != null) {
                 lose(c, null);
             }
+            long lived = lostAfterNanos.getAndSet(0);
+            if (lived > 0) {
+                if (lived < Backoff.LARGEST_NANOS) {
+                    // The last connection ended soon after it opened (an agent that accepts and
+                    // closes at once: over its max_connections, a peer it does not allow): back
+                    // off as for a failed connect instead of connecting again at once.
+                    queue.sleep(backoff.next());
+                    return;
+                }
+                backoff.reset();
+            }
             c = connect();
             if (c == null) {
                 queue.sleep(backoff.next());
                 return;
             }
-            backoff.reset();
         }
         if (acknowledged) {
             sendNumbered(c);
@@ -336,6 +348,7 @@ final class Sender {
         queue.connectionLost(c.gen, error);
         if (conn == c) {
             conn = null;
+            lostAfterNanos.set(Math.max(System.nanoTime() - c.openedNanos, 1));
         }
     }
 

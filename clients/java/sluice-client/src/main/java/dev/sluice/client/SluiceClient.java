@@ -167,6 +167,11 @@ public final class SluiceClient implements AutoCloseable {
     }
 
     /** The counters, as one consistent snapshot. */
+    /** The queue's refused records awaiting their covering ACK (tests). */
+    int refusedAwaitingAck() {
+        return queue.refusedAwaitingAck();
+    }
+
     public Stats stats() {
         return queue.stats();
     }

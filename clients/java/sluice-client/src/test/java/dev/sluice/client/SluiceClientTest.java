@@ -112,6 +112,35 @@ class SluiceClientTest {
     }
 
     @Test
+    void anAgentThatClosesEveryConnectionAtOnceIsConnectedToWithBackoffNotInALoop() throws Exception {
+        // As the agent does over its max_connections, or for a peer it does not allow.
+        java.util.concurrent.atomic.AtomicInteger accepted = new java.util.concurrent.atomic.AtomicInteger();
+        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+            server.bind(UnixDomainSocketAddress.of(fixtures.socket()));
+            Thread closer = new Thread(() -> {
+                while (server.isOpen()) {
+                    try {
+                        server.accept().close();
+                        accepted.incrementAndGet();
+                    } catch (java.io.IOException e) {
+                        return;
+                    }
+                }
+            });
+            closer.setDaemon(true);
+            closer.start();
+            SluiceClient client = fixtures.client(b -> b);
+            long deadline = System.nanoTime() + Duration.ofSeconds(1).toNanos();
+            while (System.nanoTime() < deadline) {
+                client.log(info("into a closed door"));
+                Thread.sleep(1);
+            }
+        }
+        // 20 ms doubling to 2 s: about seven connections in a second, not one per record written.
+        assertTrue(accepted.get() <= 15, accepted.get() + " connections in a second");
+    }
+
+    @Test
     void theSenderReconnectsAfterTheAgentRestarts() throws Exception {
         FakeAgent agent = fixtures.agent().start();
         SluiceClient client = fixtures.client();
@@ -297,7 +326,9 @@ class SluiceClientTest {
         client.log(info("refuse me"));
         client.log(info("keep 2"));
         assertTrue(agent.waitFor(a -> a.numbered().size() == 3, Duration.ofSeconds(5)));
-        agent.stop(); // the NAK came, the ACK never did
+        // The NAK came (and the client heard it), the ACK never did.
+        assertTrue(Waiting.until(() -> client.refusedAwaitingAck() == 1, Duration.ofSeconds(5)));
+        agent.stop();
         agent.holdAcks(false);
         agent.start();
 
@@ -308,6 +339,29 @@ class SluiceClientTest {
         Stats stats = client.stats();
         assertEquals(Map.of("rate_limited", 1L), stats.nak(), "refused twice, counted once");
         assertEquals(2, stats.acknowledged());
+    }
+
+    @Test
+    void aRefusedRecordSentAgainAfterAReconnectIsCountedByItsLastAnswer() throws Exception {
+        // Refused on the first connection, whose covering ACK never came; sent again (the numbers
+        // stay consecutive) and taken this time: one row, so it is acknowledged, not a NAK.
+        FakeAgent first = fixtures.agent().nak((n, line) -> line.contains("refuse me") ? "rate_limited" : null);
+        first.holdAcks(true);
+        first.start();
+        SluiceClient client = fixtures.client(b -> b.acknowledged(true));
+        client.log(info("keep 1"));
+        client.log(info("refuse me"));
+        client.log(info("keep 2"));
+        assertTrue(first.waitFor(a -> a.numbered().size() == 3, Duration.ofSeconds(5)));
+        assertTrue(Waiting.until(() -> client.refusedAwaitingAck() == 1, Duration.ofSeconds(5)));
+        first.stop();
+        fixtures.agent().start(); // the same socket; takes everything
+
+        assertTrue(client.flush(Duration.ofSeconds(5)), client.stats().toString());
+        Stats stats = client.stats();
+        assertEquals(Map.of(), stats.nak(), "its last answer was an ACK");
+        assertEquals(3, stats.acknowledged());
+        assertEquals(0, stats.unconfirmed());
     }
 
     @Test
