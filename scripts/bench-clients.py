@@ -85,11 +85,17 @@ def run_condition(condition, socket_path, args):
 
 
 def table(results):
-    rows = ["| condition | client | variant | calls/s | p50 ns | p99 ns | p99.9 ns | max ns | calls > 1 ms | allocations per call | dropped |",
+    rows = ["| condition | client | variant | calls/s | p50 ns | p99 ns | p99.9 ns | max ns | calls > 1 ms | allocated per call (caller) | dropped |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
-        alloc = r.get("allocs_per_call", r.get("blocks_per_call", ""))
-        alloc = f"{alloc:.2f}" if isinstance(alloc, float) else alloc
+        if "allocs_per_call" in r:
+            alloc = f"{r['allocs_per_call']:.2f} objects"
+        elif "bytes_per_call" in r:
+            alloc = f"{r['bytes_per_call']:.0f} B"
+        elif "blocks_per_call" in r:
+            alloc = f"{r['blocks_per_call']:.2f} blocks"
+        else:
+            alloc = ""
         rows.append(
             f"| {r['condition']} | {r['client']} | {r['variant']} | {r.get('calls_per_second', '')} | "
             f"{r['p50_ns']:,} | {r['p99_ns']:,} | {r['p999_ns']:,} | {r['max_ns']:,} | {r['over_1ms']} | "
@@ -117,12 +123,14 @@ def main():
             brokers = args.brokers if condition == "agent up" else f"127.0.0.1:{closed_port()}"
             directory = os.path.join(folder, condition.replace(" ", "-"))
             os.makedirs(directory)
-            agent = RealAgent(args.binary, brokers, directory, socket_path).start()
+            agent = RealAgent(args.binary, brokers, directory, socket_path)
         try:
+            if agent is not None:
+                agent.start()  # inside the try: an agent that never got ready is stopped too
             print(f"== {condition}", flush=True)
             results += run_condition(condition, socket_path, args)
         finally:
-            if agent is not None:
+            if agent is not None and agent.running():
                 agent.terminate()
     summary = (
         f"# The clients' logging call, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n\n"
