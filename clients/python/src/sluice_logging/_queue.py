@@ -244,8 +244,10 @@ class RecordQueue:
 
     def _add_report(self) -> None:
         """Queue the in-band "dropped" record if drops are unreported, the sender is connected
-        (so that an outage makes one report, not one per reconnect attempt) and there is room."""
-        if not self._unreported or not self.connected:
+        (so that an outage makes one report, not one per reconnect attempt) and there is room —
+        never once closed: then every record is dropped ``closed``, a report per step would keep
+        the queue from draining, and the summary at close tells the drops."""
+        if not self._unreported or not self.connected or self._closed:
             return
         by_reason: Dict[str, int] = {}
         by_level: Dict[str, int] = {}

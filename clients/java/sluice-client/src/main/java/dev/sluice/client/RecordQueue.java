@@ -116,22 +116,31 @@ final class RecordQueue {
         mask = capacity - 1;
     }
 
+    /**
+     * Doubles the ring. Every new array is allocated before any is swapped in: an
+     * OutOfMemoryError half way leaves the ring as it was (the record is then not queued).
+     */
     private void grow() {
-        byte[][] oldData = data;
-        long[] oldTimes = times;
-        byte[] oldLevels = levels;
-        byte[] oldFlags = flags;
-        String[] oldRefusals = refusals;
-        int oldMask = mask;
-        allocate(Math.min(maxCapacity, oldData.length * 2));
+        int capacity = Math.min(maxCapacity, data.length * 2);
+        byte[][] newData = new byte[capacity][];
+        long[] newTimes = new long[capacity];
+        byte[] newLevels = new byte[capacity];
+        byte[] newFlags = new byte[capacity];
+        String[] newRefusals = new String[capacity];
         for (int k = 0; k < count; k++) {
-            int from = (head + k) & oldMask;
-            data[k] = oldData[from];
-            times[k] = oldTimes[from];
-            levels[k] = oldLevels[from];
-            flags[k] = oldFlags[from];
-            refusals[k] = oldRefusals[from];
+            int from = (head + k) & mask;
+            newData[k] = data[from];
+            newTimes[k] = times[from];
+            newLevels[k] = levels[from];
+            newFlags[k] = flags[from];
+            newRefusals[k] = refusals[from];
         }
+        data = newData;
+        times = newTimes;
+        levels = newLevels;
+        flags = newFlags;
+        refusals = newRefusals;
+        mask = capacity - 1;
         head = 0;
     }
 
@@ -351,8 +360,8 @@ final class RecordQueue {
      * any record.
      */
     private void addReport() {
-        if (!drops.unreported() || !connected) {
-            return;
+        if (!drops.unreported() || !connected || closed) {
+            return; // closed: the summary line at close() tells what was dropped
         }
         long now = wallMicros.getAsLong();
         byte[] line = drops.reportLine(now);

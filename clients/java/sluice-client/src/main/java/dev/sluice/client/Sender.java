@@ -95,6 +95,9 @@ final class Sender {
 
     // The sender thread. ------------------------------------------------------------------------
 
+    /** What {@code lastError} says after the sender caught a Throwable of its own. */
+    private static final String INTERNAL_ERROR = "internal error in the sender (it carries on)";
+
     private void run() {
         Backoff backoff = new Backoff();
         try {
@@ -102,13 +105,17 @@ final class Sender {
                 Thread.interrupted(); // an interrupt from elsewhere must not close the next channel
                 try {
                     step(backoff);
-                } catch (Exception | StackOverflowError | OutOfMemoryError e) { // a bug here must not end shipping
-                    queue.connectFailed("internal error: " + describe(e));
-                    Connection c = conn;
-                    if (c != null) {
-                        lose(c, null);
+                } catch (Throwable e) { // a bug, or an Error, here must not end shipping for good
+                    try {
+                        queue.connectFailed(INTERNAL_ERROR); // no allocation: the heap may be the trouble
+                        Connection c = conn;
+                        if (c != null) {
+                            lose(c, null);
+                        }
+                        queue.sleep(backoff.next());
+                    } catch (Throwable again) {
+                        // Nothing to do but go round again; the loop itself allocates nothing.
                     }
-                    queue.sleep(backoff.next());
                 }
             }
         } finally {
@@ -370,6 +377,7 @@ final class Sender {
         String error = null;
         try {
             while (!c.broken && !queue.stopping()) {
+                Thread.interrupted(); // an interrupt would make every select return at once: a spin
                 settle(c, in);
                 if (in.position() > MAX_ANSWER) {
                     error = "an unreadable answer from the agent";
@@ -383,9 +391,14 @@ final class Sender {
             }
         } catch (IOException | RuntimeException e) {
             error = describe(e);
+        } catch (Throwable e) { // an Error: the connection is given up all the same (finally)
+            error = INTERNAL_ERROR;
+        } finally {
+            // Whatever ended the reader, the sender must see the connection gone, or records sent
+            // on it would wait for acknowledgements that nobody reads.
+            c.broken = true;
+            queue.connectionLost(c.gen, c.shutting ? null : error);
         }
-        c.broken = true;
-        queue.connectionLost(c.gen, c.shutting ? null : error);
     }
 
     /** Handles every whole line in {@code in} and keeps the rest. */

@@ -70,6 +70,10 @@ public final class SluiceClient implements AutoCloseable {
             queue.drop(DropReason.CLOSED, level);
             return false;
         }
+        if (record.epochMicros == 0) {
+            // No time given: now (a record at 1970 would be ACKed, then a dead letter).
+            record.epochMicros = RecordQueue.nowMicros();
+        }
         RecordEncoder encoder = encoders.get();
         if (encoder.busy) { // a value's toString() logged through us again: its own encoder
             encoder = new RecordEncoder(config.maxRecordSize());
@@ -82,14 +86,25 @@ public final class SluiceClient implements AutoCloseable {
             line = encoder.encode(record);
             replaced = encoder.replaced;
             truncated = encoder.truncated;
-        } catch (RuntimeException | StackOverflowError | OutOfMemoryError e) {
+        } catch (VirtualMachineError e) {
+            if (!(e instanceof StackOverflowError) && !(e instanceof OutOfMemoryError)) {
+                throw e;
+            }
+            queue.drop(DropReason.FORMAT_ERROR, level);
+            return false;
+        } catch (RuntimeException | Error e) { // a value's toString() throwing AssertionError, say
             queue.drop(DropReason.FORMAT_ERROR, level);
             return false;
         } finally {
             encoder.busy = false;
         }
         if (sender == null) {
-            startSender();
+            try {
+                startSender();
+            } catch (Throwable e) {
+                // No thread could be made (an OutOfMemoryError): the record is queued all the
+                // same, and the next one tries again.
+            }
         }
         return queue.offer(line, level, replaced, truncated, record.epochMicros);
     }

@@ -34,6 +34,23 @@ class RecordQueueTest {
     }
 
     @Test
+    void noDropReportIsQueuedOnceTheQueueIsClosed() {
+        // After close() every record is dropped `closed`; a report per sender step would keep the
+        // queue from draining and flood the store (the summary line at close tells the drops).
+        RecordQueue queue = queue(2, 1 << 20, 1.0);
+        offer(queue, Severity.INFO, "one");
+        offer(queue, Severity.INFO, "two");
+        offer(queue, Severity.INFO, "dropped");
+        queue.connectionOpened(null, false);
+        RecordQueue.Batch batch = new RecordQueue.Batch(10);
+        queue.peek(batch, 1 << 20);
+        queue.commit(batch, 2);
+        queue.close();
+        queue.peek(batch, 1 << 20);
+        assertEquals(0, batch.size, "closed: no report");
+    }
+
+    @Test
     void theIncomingRecordIsDroppedWhenFullAndCountedByReasonAndLevel() {
         RecordQueue queue = queue(3, 1 << 20, 1.0);
         for (int i = 0; i < 3; i++) {

@@ -51,6 +51,34 @@ class SluiceClientTest {
     }
 
     @Test
+    void aValueWhoseToStringThrowsAnErrorIsCountedFormatErrorAndTheCallReturns() throws Exception {
+        SluiceClient client = fixtures.client(b -> b);
+        Object hostile = new Object() {
+            @Override
+            public String toString() {
+                throw new AssertionError("not meant to be printed");
+            }
+        };
+        client.log(info("kept"));
+        boolean queued = client.log(info("with a hostile value").field("value", hostile));
+        if (!queued) {
+            assertEquals(Map.of("format_error", Map.of("info", 1L)), client.stats().dropped());
+        }
+    }
+
+    @Test
+    void aRecordWithoutATimeIsStampedNowNotAt1970() throws Exception {
+        FakeAgent agent = fixtures.agent().start();
+        SluiceClient client = fixtures.client(b -> b);
+        long before = RecordQueue.nowMicros();
+        client.log(new LogRecord().severity(Severity.INFO).logger("test").message("no time given"));
+        assertTrue(client.flush(Duration.ofSeconds(5)));
+        assertTrue(agent.waitFor(a -> a.records().size() == 1, Duration.ofSeconds(5)));
+        String time = (String) agent.records().get(0).get("time");
+        assertTrue(time.compareTo(java.time.Instant.ofEpochSecond(before / 1_000_000).toString().substring(0, 19)) >= 0, time);
+    }
+
+    @Test
     void theSenderStartsWithTheFirstRecordNotBefore() throws Exception {
         FakeAgent agent = fixtures.agent().start();
         SluiceClient client = fixtures.client();
