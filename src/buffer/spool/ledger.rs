@@ -256,8 +256,10 @@ impl Spool {
         self.lock().segments.get(&pos.segment).is_some_and(|segment| segment.maybe_stored.get(pos.index))
     }
 
-    /// Writes which records still owed Kafka may hold (the `maybe-stored` file) for the next start,
-    /// at the end of a drain (written beside it and renamed into place). Returns how many.
+    /// Writes which records on disk Kafka holds or may hold (the `maybe-stored` file) for the next
+    /// start, at the end of a drain (written beside it and renamed into place): those still owed
+    /// that were sent without an answer, and those finished in a segment still on disk (read
+    /// again at the next start). Returns how many.
     /// Blocking. A run that ends without it (SIGKILL, a full disk) leaves the next one the marks
     /// of the run before (still true of the records they name, which are checked) or none: a
     /// record among them lost later is counted as never stored — over-counted as lost, never
@@ -310,16 +312,22 @@ impl Spool {
         set
     }
 
-    /// The records not finished that Kafka may hold, for the `maybe-stored` file.
+    /// The records on disk that Kafka holds or may hold, for the `maybe-stored` file: those not
+    /// finished that may have been stored, and those finished — acknowledged or counted — in a
+    /// segment still on disk. The ledger's `finished` bits live in memory only, so the next
+    /// start reads such a segment whole again: without the mark, a record Kafka acknowledged and
+    /// then dropped with its segment (`drop_oldest`) would be counted as never stored.
     pub(super) fn maybe_stored_positions(&self) -> Vec<(SegmentFingerprint, u32)> {
         let state = self.lock();
         let mut positions = Vec::new();
         for (id, segment) in &state.segments {
-            for (word_at, word) in segment.maybe_stored.0.iter().enumerate() {
+            let words = segment.maybe_stored.0.len().max(segment.finished.0.len());
+            for word_at in 0..words {
+                let marked = segment.maybe_stored.0.get(word_at).copied().unwrap_or(0)
+                    | segment.finished.0.get(word_at).copied().unwrap_or(0);
                 for bit in 0..64u32 {
-                    let index = word_at as u32 * 64 + bit;
-                    if word & (1 << bit) != 0 && !segment.finished.get(index) {
-                        positions.push((segment.fingerprint(*id), index));
+                    if marked & (1 << bit) != 0 {
+                        positions.push((segment.fingerprint(*id), word_at as u32 * 64 + bit));
                     }
                 }
             }

@@ -714,3 +714,33 @@ fn a_mark_applies_only_to_the_segment_it_was_written_for_and_outlives_a_failed_s
     let (spool, _writer, _) = Spool::open(config(other.path())).expect("reopen");
     assert!(new_positions.iter().all(|pos| !spool.maybe_stored(*pos)), "a stale mark lands on no record");
 }
+
+/// Soak seed 356379158: records Kafka acknowledged in a segment the drain left on disk (others of
+/// it still owed: Kafka was away) are read again at the next start — the ledger's `finished`
+/// bits are not on disk. Dropped then (`drop_oldest`), they were counted as never stored: 304
+/// records counted lost were rows. The drain marks them too (`maybe-stored`: Kafka holds them),
+/// so lost later they are counted `unconfirmed`, never as "not stored".
+#[test]
+fn records_kafka_acknowledged_in_a_segment_left_on_disk_are_not_counted_lost_when_dropped_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let positions = {
+        let (spool, mut writer, _) = Spool::open(config(dir.path())).expect("open");
+        let positions = append_all(&mut writer, &payloads(40));
+        let first = positions[0].segment;
+        let in_first: Vec<SpoolPos> = positions.iter().copied().filter(|p| p.segment == first).collect();
+        // Kafka acknowledged the first five of the first segment; the rest never left.
+        for pos in &in_first[..5] {
+            spool.done(*pos);
+        }
+        assert_eq!(spool.save_maybe_stored().expect("saved"), 5);
+        drop(writer);
+        positions
+    };
+    let (spool, _writer, recovered) = Spool::open(config(dir.path())).expect("reopen");
+    assert_eq!(recovered.records, 40, "the whole segment is read again");
+    assert!(spool.maybe_stored(positions[0]) && spool.maybe_stored(positions[4]));
+    assert!(!spool.maybe_stored(positions[5]));
+    let in_first = positions.iter().filter(|p| p.segment == positions[0].segment).count() as u64;
+    let dropped = spool.drop_oldest().expect("a sealed segment");
+    assert_eq!((dropped.lost, dropped.lost_maybe_stored), (in_first, 5), "the five Kafka holds are not counted lost");
+}
