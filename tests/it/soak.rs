@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use faults::{Fault, Kind};
 use serde_json::json;
 use tokio::sync::Mutex;
-use writers::{AckedOutcome, AckedWriter, PlainOutcome, PlainWriter, SessionWriter, Try};
+use writers::{AckedOutcome, AckedWriter, PlainOutcome, PlainWriter, Try};
 
 use crate::support::{
     Metrics, PrivateBroker, PrivatePostgres, Process, Proxy, Services, TestConfig, create_topic, http_get, unique,
@@ -691,7 +691,7 @@ async fn random_faults_lose_nothing_count_every_drop_store_nothing_twice_and_lea
         let socket = world.socket(0).await;
         ["d1", "d2"].iter().map(|w| (w.to_string(), AckedWriter::start(w, socket.clone(), acked_rate))).collect()
     };
-    let session = ("c1".to_string(), SessionWriter::start("c1", world.socket(0).await, acked_rate));
+    let session = ("c1".to_string(), AckedWriter::start_session("c1", world.socket(0).await, acked_rate));
     let mut plain: Vec<(String, usize, PlainWriter)> = Vec::new();
     for (agent, names, rate) in [(1, ["m1", "m2"], plain_rate), (2, ["l1", "l2"], 200)] {
         let socket = world.socket(agent).await;

@@ -3,7 +3,7 @@
 //!
 //! - [`AckedWriter`]: acknowledged mode. It keeps what was ACKed and NAKed; a record still
 //!   unsettled when its connection breaks is sent again (a new try) on the next connection.
-//! - [`SessionWriter`]: a client session (`SLUICE/2`, docs/PROTOCOL.md): it numbers its records
+//! - [`AckedWriter::start_session`]: a client session (`SLUICE/2`, docs/PROTOCOL.md): it numbers its records
 //!   itself and sends again, under the same numbers and times, everything from the lowest record
 //!   whose try it did not hear settled. Its records carry `try` 0 on every send: a record
 //!   stored twice is two rows with one key.
@@ -73,9 +73,17 @@ pub struct AckedWriter {
 }
 
 impl AckedWriter {
+    /// Acknowledged mode (`SLUICE/1`): a record sent again is a new record (`try` 1, 2…).
     pub fn start(name: &str, socket: PathBuf, rate: u64) -> Self {
         let (stop, give_up) = (CancellationToken::new(), CancellationToken::new());
         let task = tokio::spawn(run_acked(name.to_string(), socket, rate, stop.clone(), give_up.clone()));
+        Self { stop, give_up, task }
+    }
+
+    /// A client session (`SLUICE/2`): a record sent again keeps its number and time.
+    pub fn start_session(name: &str, socket: PathBuf, rate: u64) -> Self {
+        let (stop, give_up) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(run_session(name.to_string(), socket, rate, stop.clone(), give_up.clone()));
         Self { stop, give_up, task }
     }
 
@@ -90,8 +98,8 @@ impl AckedWriter {
         });
         let outcome = tokio::time::timeout(limit + Duration::from_secs(40), self.task)
             .await
-            .expect("the acked writer ends after giving up")
-            .expect("acked writer task");
+            .expect("the writer ends after giving up")
+            .expect("writer task");
         timer.abort();
         outcome
     }
@@ -119,37 +127,14 @@ async fn run_acked(
         if give_up.is_cancelled() || (stop.is_cancelled() && again.is_empty()) {
             break;
         }
-        let Some((mut lines, mut write)) = open_acknowledged(&socket).await else {
+        let Some((lines, mut write)) = open_acknowledged(&socket).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         outcome.connections += 1;
         // This connection's records by sequence number (1-based), and what the agent said.
         let sent: Arc<Mutex<(Vec<Sent>, AckReader)>> = Arc::default();
-        let reader = tokio::spawn({
-            let sent = sent.clone();
-            async move {
-                let mut max_wait = Duration::ZERO;
-                // A line the protocol does not allow is a finding, not a reason to resend.
-                let mut violation = None;
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let mut sent = sent.lock().expect("sent");
-                    match sent.1.line(&line) {
-                        Ok(settled) => {
-                            for (index, how) in settled {
-                                if how == Settled::Acked {
-                                    max_wait = max_wait.max(sent.0[index].at.elapsed());
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            violation.get_or_insert(error);
-                        }
-                    }
-                }
-                (max_wait, violation)
-            }
-        });
+        let reader = read_acks(lines, sent.clone(), |line| line.to_string());
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut broken = false;
         while !broken && !give_up.is_cancelled() {
@@ -187,22 +172,7 @@ async fn run_acked(
                 _ = give_up.cancelled() => break,
             }
         }
-        let _ = write.shutdown().await;
-        // The agent closes once every record of the connection is settled (or it dies).
-        let max_wait = tokio::select! {
-            result = reader => match result {
-                Ok((max_wait, violation)) => {
-                    outcome.violations.extend(violation);
-                    max_wait
-                }
-                Err(error) => {
-                    outcome.violations.push(format!("the acknowledgement reader failed: {error}"));
-                    Duration::ZERO
-                }
-            },
-            _ = give_up.cancelled() => Duration::ZERO,
-        };
-        outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
+        end_connection(write, reader, &give_up, &mut outcome).await;
         let sent = sent.lock().expect("sent");
         for (record, state) in sent.0.iter().zip(sent.1.settled()) {
             let state = match state {
@@ -224,37 +194,6 @@ async fn run_acked(
         }
     }
     outcome
-}
-
-pub struct SessionWriter {
-    stop: CancellationToken,
-    give_up: CancellationToken,
-    task: tokio::task::JoinHandle<AckedOutcome>,
-}
-
-impl SessionWriter {
-    pub fn start(name: &str, socket: PathBuf, rate: u64) -> Self {
-        let (stop, give_up) = (CancellationToken::new(), CancellationToken::new());
-        let task = tokio::spawn(run_session(name.to_string(), socket, rate, stop.clone(), give_up.clone()));
-        Self { stop, give_up, task }
-    }
-
-    /// Stops logging new records; keeps (re)sending until every record is settled or `limit`
-    /// passes.
-    pub async fn finish(self, limit: Duration) -> AckedOutcome {
-        self.stop.cancel();
-        let give_up = self.give_up.clone();
-        let timer = tokio::spawn(async move {
-            tokio::time::sleep(limit).await;
-            give_up.cancel();
-        });
-        let outcome = tokio::time::timeout(limit + Duration::from_secs(40), self.task)
-            .await
-            .expect("the session writer ends after giving up")
-            .expect("session writer task");
-        timer.abort();
-        outcome
-    }
 }
 
 /// Opens a connection of `session` whose first record is `first` (`SLUICE/2 ACK`, answered
@@ -303,36 +242,14 @@ async fn run_session(
         if give_up.is_cancelled() || (stop.is_cancelled() && !unsettled) {
             break;
         }
-        let Some((mut lines, mut write)) = open_session(&socket, &session, from).await else {
+        let Some((lines, mut write)) = open_session(&socket, &session, from).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         outcome.connections += 1;
         let first = from;
         let sent: Arc<Mutex<(Vec<Sent>, AckReader)>> = Arc::default();
-        let reader = tokio::spawn({
-            let sent = sent.clone();
-            async move {
-                let mut max_wait = Duration::ZERO;
-                let mut violation = None;
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let mut sent = sent.lock().expect("sent");
-                    match sent.1.line(&connection_numbered(&line, first)) {
-                        Ok(settled) => {
-                            for (index, how) in settled {
-                                if how == Settled::Acked {
-                                    max_wait = max_wait.max(sent.0[index].at.elapsed());
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            violation.get_or_insert(error);
-                        }
-                    }
-                }
-                (max_wait, violation)
-            }
-        });
+        let reader = read_acks(lines, sent.clone(), move |line| connection_numbered(line, first));
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut next = first;
         let mut broken = false;
@@ -367,21 +284,7 @@ async fn run_session(
                 _ = give_up.cancelled() => break,
             }
         }
-        let _ = write.shutdown().await;
-        let max_wait = tokio::select! {
-            result = reader => match result {
-                Ok((max_wait, violation)) => {
-                    outcome.violations.extend(violation);
-                    max_wait
-                }
-                Err(error) => {
-                    outcome.violations.push(format!("the acknowledgement reader failed: {error}"));
-                    Duration::ZERO
-                }
-            },
-            _ = give_up.cancelled() => Duration::ZERO,
-        };
-        outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
+        end_connection(write, reader, &give_up, &mut outcome).await;
         let sent = sent.lock().expect("sent");
         // The next connection starts at the first record not heard settled; those after it are
         // sent again too (the numbers of a connection follow each other), settled or not.
@@ -408,6 +311,62 @@ async fn run_session(
         }
     }
     outcome
+}
+
+/// What the agent says on one connection, read until it closes: each line (renumbered to the
+/// connection's count by `renumber`) applied to `sent`; the longest wait for an ACK, and the
+/// first line the protocol does not allow (a finding, not a reason to resend).
+fn read_acks(
+    mut lines: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    sent: Arc<Mutex<(Vec<Sent>, AckReader)>>,
+    renumber: impl Fn(&str) -> String + Send + 'static,
+) -> tokio::task::JoinHandle<(Duration, Option<String>)> {
+    tokio::spawn(async move {
+        let mut max_wait = Duration::ZERO;
+        let mut violation = None;
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut sent = sent.lock().expect("sent");
+            match sent.1.line(&renumber(&line)) {
+                Ok(settled) => {
+                    for (index, how) in settled {
+                        if how == Settled::Acked {
+                            max_wait = max_wait.max(sent.0[index].at.elapsed());
+                        }
+                    }
+                }
+                Err(error) => {
+                    violation.get_or_insert(error);
+                }
+            }
+        }
+        (max_wait, violation)
+    })
+}
+
+/// Ends a connection's writing and waits for the agent to close it (it does once every record
+/// of the connection is settled, or it dies), unless the writer gives up first.
+async fn end_connection(
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    reader: tokio::task::JoinHandle<(Duration, Option<String>)>,
+    give_up: &CancellationToken,
+    outcome: &mut AckedOutcome,
+) {
+    let _ = write.shutdown().await;
+    // The agent closes once every record of the connection is settled (or it dies).
+    let max_wait = tokio::select! {
+        result = reader => match result {
+            Ok((max_wait, violation)) => {
+                outcome.violations.extend(violation);
+                max_wait
+            }
+            Err(error) => {
+                outcome.violations.push(format!("the acknowledgement reader failed: {error}"));
+                Duration::ZERO
+            }
+        },
+        _ = give_up.cancelled() => Duration::ZERO,
+    };
+    outcome.max_ack_wait = outcome.max_ack_wait.max(max_wait);
 }
 
 /// What a plain writer knows at the end.
