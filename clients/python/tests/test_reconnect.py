@@ -113,9 +113,10 @@ def test_a_resend_after_a_reconnect_is_the_same_session_number_and_time_so_the_a
     assert all(len(sends) == 1 for sends in by_number.values()), "every send of a record is identical"
 
 
-def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_stay_consecutive(
-    agents, handlers, logger_for
-):
+def refused_then_the_connection_lost(agents, handlers, logger_for, refuse_again: bool):
+    """Three records on one connection, the second refused (NAK heard by the client) and the
+    covering ACK never sent; then the agent restarts — refusing it again or not — and the client
+    sends all three again under the same numbers. Returns the agent and the handler, flushed."""
     agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None)
     agent.hold_acks = True
     agent.start()
@@ -125,13 +126,20 @@ def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_s
     log.info("refuse me")
     log.info("keep 2")
     assert agent.wait_for_lines(2)
-    # The NAK came (heard by the client), the ACK never did.
     assert wait_until(lambda: any(entry.refused for _, entry in list(handler._queue._unacked)), timeout=5)
     agent.stop()
     agent.hold_acks = False
+    if not refuse_again:
+        agent.nak = None
     agent.start()
     assert handler.flush(5)
+    return agent, handler
 
+
+def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_stay_consecutive(
+    agents, handlers, logger_for
+):
+    agent, handler = refused_then_the_connection_lost(agents, handlers, logger_for, refuse_again=True)
     resent = [(n, record) for _, n, _, record in agent.numbered[3:]]
     assert [n for n, _ in resent] == [1, 2, 3], "the agent numbers the resend as the client does"
     stats = handler.stats()
@@ -142,24 +150,8 @@ def test_a_refused_record_keeps_its_place_until_acknowledged_so_resent_numbers_s
 def test_a_refused_record_sent_again_after_a_reconnect_is_counted_by_its_last_answer(
     agents, handlers, logger_for
 ):
-    # Refused on the first connection, whose covering ACK never came; sent again (the numbers
-    # stay consecutive) and taken by the next: one row, so it is acknowledged, not a NAK.
-    agent = agents(nak=lambda n, line: "rate_limited" if b"refuse me" in line else None)
-    agent.hold_acks = True
-    agent.start()
-    handler = handlers(acknowledged=True)
-    log = logger_for(handler)
-    log.info("keep 1")
-    log.info("refuse me")
-    log.info("keep 2")
-    assert agent.wait_for_lines(2)
-    assert wait_until(lambda: any(entry.refused for _, entry in list(handler._queue._unacked)), timeout=5)
-    agent.stop()
-    agent.hold_acks = False
-    agent.nak = None
-    agent.start()
-    assert handler.flush(5)
-
+    # Taken by the next connection: one row, so it is acknowledged, not a NAK.
+    _, handler = refused_then_the_connection_lost(agents, handlers, logger_for, refuse_again=False)
     stats = handler.stats()
     assert stats["nak"] == {}, "its last answer was an ACK"
     assert stats["acknowledged"] == 3 and stats["unacknowledged"] == 0
