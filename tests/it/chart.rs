@@ -11,7 +11,12 @@ use std::process::Command;
 
 use serde_norway::Value;
 
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/helm/sluice");
+use crate::support::source_path;
+
+/// The chart in this clone ([`source_path`]).
+fn chart() -> String {
+    source_path("helm/sluice").display().to_string()
+}
 
 /// Value sets every check runs over.
 const VALUE_SETS: &[(&str, &[&str])] = &[
@@ -62,7 +67,8 @@ fn helm(args: &[&str]) -> std::process::Output {
 }
 
 fn render(sets: &[&str]) -> String {
-    let mut args = vec!["template", "t", CHART, "--kube-version", "1.29.0"];
+    let chart = chart();
+    let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
     for set in sets {
         args.extend(["--set", set]);
     }
@@ -88,7 +94,8 @@ fn pod_spec(document: &Value) -> Option<&Value> {
 #[test]
 fn the_chart_lints_and_renders_for_every_value_set() {
     for (name, sets) in VALUE_SETS {
-        let mut args = vec!["lint", CHART, "--strict", "--kube-version", "1.29.0"];
+        let chart = chart();
+        let mut args = vec!["lint", chart.as_str(), "--strict", "--kube-version", "1.29.0"];
         for set in *sets {
             args.extend(["--set", set]);
         }
@@ -196,7 +203,8 @@ fn the_values_schema_rejects_wrong_types_unknown_keys_and_contradictions() {
         (vec!["kafka.topic=has spaces"], "topic"),
         (vec!["persister.keda.enabled=true", "persister.autoscaling.enabled=true"], "allOf"),
     ] {
-        let mut args = vec!["template", "t", CHART, "--kube-version", "1.29.0"];
+        let chart = chart();
+        let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
         for set in &sets {
             args.extend(["--set", set]);
         }

@@ -83,7 +83,7 @@ fn agent_refuses_to_replace_a_regular_file_at_the_socket_path() {
 #[test]
 fn the_production_shaped_examples_pass_check_config_with_their_secret_set() {
     for file in ["agent-disk-sasl.toml", "persist-tls.toml"] {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/").to_string() + file;
+        let path = source_path("config/examples").join(file).display().to_string();
         let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["check-config", &path])
             .env("SLUICE_KAFKA_SASL_PASSWORD", "hunter2")

@@ -53,7 +53,7 @@ async fn concurrent_migrations_from_several_replicas_apply_once() {
         .query_one("SELECT count(*), count(DISTINCT version) FROM refinery_schema_history", &[])
         .await
         .expect("history");
-    let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations")).expect("migrations").count();
+    let migrations = std::fs::read_dir(source_path("migrations")).expect("migrations").count();
     assert_eq!(
         (history.get::<_, i64>(0), history.get::<_, i64>(1)),
         (migrations as i64, migrations as i64),

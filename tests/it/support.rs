@@ -36,6 +36,16 @@ pub use sluice_harness::{
     wait_ready, within,
 };
 
+/// A path in the source tree (`scripts/kafka/log4j2.yaml`). Read from `CARGO_MANIFEST_DIR` as
+/// cargo sets it when it runs the test, not as it was at compile time: clones sharing one
+/// `target/` share test binaries, and the compile-time value names whichever clone built it
+/// last (a clean-clone CI run's, deleted since).
+pub fn source_path(relative: &str) -> std::path::PathBuf {
+    let root: std::path::PathBuf =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into);
+    root.join(relative)
+}
+
 /// Creates a topic with `partitions` partitions on the broker at `bootstrap`.
 pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> =

@@ -49,9 +49,8 @@ impl PrivateBroker {
         ));
         let dir = tempfile::Builder::new().prefix("sluice-broker").tempdir().expect("tempdir");
         let (port, controller) = (free_port(), free_port());
-        let template =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka/server.properties.in"))
-                .expect("server.properties template");
+        let template = std::fs::read_to_string(super::source_path("scripts/kafka/server.properties.in"))
+            .expect("server.properties template");
         let properties = template
             .replace("@PORT@", &port.to_string())
             .replace("@CONTROLLER_PORT@", &controller.to_string())
@@ -107,7 +106,7 @@ impl PrivateBroker {
         let mut command = Command::new("java");
         command
             .args(["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC"])
-            .arg(format!("-Dlog4j2.configurationFile={}/scripts/kafka/log4j2.yaml", env!("CARGO_MANIFEST_DIR")))
+            .arg(format!("-Dlog4j2.configurationFile={}", super::source_path("scripts/kafka/log4j2.yaml").display()))
             .arg("-cp")
             .arg(self.lib.join("*"))
             .arg("kafka.Kafka")
