@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::support::*;
+use sluice::ingest::connection::SMALL_READ;
 use sluice::telemetry;
 
 /// Waits until the agent closes `stream` (a read sees end of stream or a reset).
@@ -585,18 +586,41 @@ async fn records_queued_behind_a_wait_for_read_room_at_the_drain_deadline_are_co
         8.0 * 1024.0 * 1024.0 - 200.0,
     )
     .await;
-    let mut waiting = vec![b'w'; 17 * 1024];
-    waiting.extend_from_slice(b"\na\nb\n");
+    // What the holders hold (the blocked one's bytes as of its last read without a newline).
+    let held = until_settled(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[]).await;
+    // The victim: its small share filled first, then the rest in one write, so that the read
+    // that outgrows the share takes the two short records too (one write of all of it was once
+    // read in two parts, the second left in the socket while the first waited for room).
     let mut victim = connect(&config.socket()).await;
-    victim.write_all(&waiting).await.expect("write");
-    let held = 8.0 * 1024.0 * 1024.0 - 100.0 + waiting.len() as f64;
-    until_metric_at_least(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], held).await;
+    victim.write_all(&[b'w'; SMALL_READ]).await.expect("write");
+    until_metric_at_least(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[], held + SMALL_READ as f64)
+        .await;
+    let mut rest = vec![b'w'; 1024];
+    rest.extend_from_slice(b"\na\nb\n");
+    victim.write_all(&rest).await.expect("write");
+    until_metric_at_least(
+        config.agent_admin(),
+        telemetry::INGEST_READ_BUFFER_BYTES,
+        &[],
+        held + SMALL_READ as f64 + 1.0,
+    )
+    .await;
+    let read = until_settled(config.agent_admin(), telemetry::INGEST_READ_BUFFER_BYTES, &[]).await - held;
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(status.success(), "{status:?}");
     let log = agent.log_text();
     let line = log.lines().rev().find(|line| line.contains("\"drain finished\"")).expect("a drain finished line");
     let report: serde_json::Value = serde_json::from_str(line).expect("json");
-    // The blocked holder's record, and the three behind the wait for room.
-    assert_eq!(report["fields"]["abandoned"].as_u64(), Some(4), "{line}");
+    // The blocked holder's record and the three behind the wait for room, each counted once:
+    // given up at the deadline (`drain_timeout`), or, for one the read had taken only part of,
+    // refused as `truncated`.
+    let abandoned = report["fields"]["abandoned"].as_u64().unwrap_or(0) as f64;
+    let truncated = final_count(&log, telemetry::INGEST_REJECTED, &[("reason", "truncated")]);
+    assert_eq!(
+        abandoned + truncated,
+        4.0,
+        "{line}; truncated {truncated}; the victim held {read} of {} bytes",
+        SMALL_READ + rest.len()
+    );
 }

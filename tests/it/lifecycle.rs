@@ -315,15 +315,6 @@ async fn a_busy_writer_across_sigterm_is_accounted_for_to_the_record() {
     );
 }
 
-/// What a stopped process counted, from its `final counts` log line (summed over the labels not
-/// given, like [`Metrics::count`]).
-fn final_count(log: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let line = log.lines().rev().find(|line| line.contains("\"final counts\"")).expect("a final counts line");
-    let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-    let counters = value["fields"]["counters"].as_str().expect("counters");
-    sluice::telemetry::scrape::Scrape::parse(counters).sum(name, labels)
-}
-
 /// Issue 30, item 6 (cold review): at the drain the agent shuts a connection's read side, and the
 /// framer took the end of stream that follows for the writer's: a last line without its newline
 /// was stored as a whole record — cut short, and JSON turned into text (`journalctl -f | sluice

@@ -28,7 +28,7 @@ pub use load::{AckedSender, Load, assert_each_once, numbered, numbers_in, stored
 pub use postgres::PrivatePostgres;
 pub use proxy::Proxy;
 pub use scenario::{
-    Scenario, Setup, nonzero, until, until_caught_up, until_logged, until_metric, until_metric_at_least,
+    Scenario, Setup, final_count, nonzero, until, until_caught_up, until_logged, until_metric, until_metric_at_least,
     until_nothing_left, until_rows, until_rows_within, until_scrape, until_settled,
 };
 pub use sluice_harness::{

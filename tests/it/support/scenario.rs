@@ -384,3 +384,12 @@ pub async fn until_nothing_left(config: &TestConfig) {
 pub fn nonzero(metrics: &Metrics) -> String {
     metrics.0.lines().filter(|l| l.starts_with(telemetry::PREFIX) && !l.ends_with(" 0")).collect::<Vec<_>>().join("\n")
 }
+
+/// What a stopped process counted, from its `final counts` log line (summed over the labels not
+/// given, like [`Metrics::count`]).
+pub fn final_count(log: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let line = log.lines().rev().find(|line| line.contains("\"final counts\"")).expect("a final counts line");
+    let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
+    let counters = value["fields"]["counters"].as_str().expect("counters");
+    sluice::telemetry::scrape::Scrape::parse(counters).sum(name, labels)
+}
