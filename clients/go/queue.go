@@ -228,6 +228,13 @@ func (q *queue) hasPending() bool {
 	return q.n > q.inflight
 }
 
+// pending is how many records wait to be sent.
+func (q *queue) pending() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n - q.inflight
+}
+
 // connectionOpened records that a connection is up and returns its generation.
 func (q *queue) connectionOpened(ackPoint string, reconnect bool) uint64 {
 	q.mu.Lock()

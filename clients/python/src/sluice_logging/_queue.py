@@ -191,6 +191,21 @@ class RecordQueue:
             finally:
                 self._sender_waiting = False
 
+    def linger(self, seconds: float, records: int) -> None:
+        """The sender's pause once it has something to send: up to ``seconds``, so the records a
+        burst logs meanwhile go in one write and wake the agent once, not once each (each wake-up
+        also takes the GIL from the logging threads). Ends early once ``records`` wait, or at
+        ``stop()``. Callers do not notify it (only ``wait_for_work`` is), so a burst's calls take
+        no notification of their own."""
+        # Real time, not the injectable clock: a test's frozen clock must not make it wait forever.
+        deadline = time.monotonic() + seconds
+        with self.cond:
+            while not self._stopping and len(self._pending) < records:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self.cond.wait(remaining)
+
     def sleep(self, seconds: float) -> None:
         """The sender's backoff: a wait that ``stop()`` cuts short."""
         with self.cond:

@@ -37,6 +37,9 @@ IO_TICK_SECONDS = 0.25
 #: One write takes at most this many records or bytes (at least one record).
 BATCH_RECORDS = 1024
 BATCH_BYTES = 256 * 1024
+#: How long the sender lets a burst gather before it writes, unless half a batch waits already
+#: (``_queue.Queue.linger``): a record reaches the agent at most this much later.
+LINGER_SECONDS = 0.002
 #: The sender's longest idle wait (it is woken for records; this is a safety net).
 IDLE_SECONDS = 5.0
 
@@ -150,6 +153,7 @@ class Sender:
         self._write_notice()
         if queue.stopping or not queue.has_pending():
             return
+        queue.linger(LINGER_SECONDS, BATCH_RECORDS // 2)
         conn = self._conn
         if conn is None or conn.broken:
             if conn is not None:

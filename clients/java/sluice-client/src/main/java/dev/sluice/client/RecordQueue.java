@@ -264,6 +264,28 @@ final class RecordQueue {
         }
     }
 
+    /**
+     * The sender's pause once it has something to send: up to {@code nanos}, so the records a
+     * burst logs meanwhile go in the same write and wake the agent once, not once each (with the
+     * agent on the same cores, a wake-up per record took CPU from the logging threads: their
+     * p99.9). Ends early once {@code records} or {@code bytes} wait to be sent, or at {@link
+     * #stop()}. Callers do not signal it (only {@link #waitForWork} is), so a burst's calls take
+     * no wake-up of their own.
+     */
+    void linger(long nanos, int records, long bytes) {
+        lock.lock();
+        try {
+            long remaining = nanos;
+            while (remaining > 0 && !stopping && count - inFlight < records && this.bytes - inFlightBytes < bytes) {
+                remaining = changed.awaitNanos(remaining);
+            }
+        } catch (InterruptedException e) {
+            // As in waitForWork.
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** The sender's backoff: a wait that {@link #stop()} cuts short. */
     void sleep(long nanos) {
         lock.lock();

@@ -29,6 +29,11 @@ final class Sender {
     /** One write takes at most this many records or bytes (at least one record). */
     static final int BATCH_RECORDS = 1024;
     static final long BATCH_BYTES = 256 * 1024;
+    /**
+     * How long the sender lets a burst gather before it writes ({@link RecordQueue#linger}): a
+     * record reaches the agent at most this much later, and a burst costs one write.
+     */
+    static final long LINGER_NANOS = TimeUnit.MILLISECONDS.toNanos(2);
     /** The longest idle wait (the sender is woken for records; this is a safety net). */
     static final long IDLE_NANOS = TimeUnit.SECONDS.toNanos(5);
     /** The longest single wait in a write or read: how soon a stop or a due notice is seen. */
@@ -134,6 +139,7 @@ final class Sender {
         if (queue.stopping() || !queue.hasPending()) {
             return;
         }
+        queue.linger(LINGER_NANOS, BATCH_RECORDS / 2, BATCH_BYTES / 2);
         Connection c = conn;
         if (c == null || c.broken) {
             if (c != null) {
