@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use metrics::{Counter, Gauge};
@@ -289,8 +289,6 @@ pub struct ListenerContext {
     pub metrics: ListenerMetrics,
     /// Its rate limits, if any.
     pub limits: Option<limit::Limits>,
-    /// Bytes held unread in its connections' buffers.
-    read_buffered: AtomicI64,
 }
 
 impl ListenerContext {
@@ -302,15 +300,16 @@ impl ListenerContext {
             config: config.clone(),
             limits: config.rate_limit.as_ref().map(limit::Limits::new),
             metrics,
-            read_buffered: AtomicI64::new(0),
         }
     }
 
-    /// A connection's read buffer changed by `delta` bytes.
+    /// A connection's read buffer changed by `delta` bytes. The gauge is moved by the delta, not
+    /// set to a total summed beside it: two connections reporting at once could set their totals
+    /// in the other order, and the gauge kept the older until the next change (a test saw it
+    /// stay one connection's 17 KiB short for a minute).
     pub fn buffered(&self, delta: i64) {
         if delta != 0 {
-            let total = self.read_buffered.fetch_add(delta, Ordering::Relaxed) + delta;
-            self.metrics.read_buffer_bytes.set(total.max(0) as f64);
+            self.metrics.read_buffer_bytes.increment(delta as f64);
         }
     }
 
