@@ -96,6 +96,16 @@ impl TestConfig {
         self.table[section][key].as_str().expect("string key")
     }
 
+    /// Adds librdkafka property `key` to the persister's consumer (`[persist.properties]`),
+    /// keeping the others (the test config's short session timeout among them).
+    pub fn persist_property(&mut self, key: &str, value: &str) -> &mut Self {
+        let persist = self.table.entry("persist").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let persist = persist.as_table_mut().expect("persist is a table");
+        let properties = persist.entry("properties").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        properties.as_table_mut().expect("persist.properties is a table").insert(key.to_string(), value.into());
+        self
+    }
+
     /// Sets `key` of listener `name` (`[ingest.listeners.NAME]`), creating the listener.
     pub fn listener(&mut self, name: &str, key: &str, value: impl Into<toml::Value>) -> &mut Self {
         let ingest = self.table.entry("ingest").or_insert_with(|| toml::Value::Table(toml::Table::new()));

@@ -40,9 +40,11 @@ pub fn client_error(error: &KafkaError, reason: &str) {
 /// Sluice's rules give it: librdkafka logs a refused connection at ERROR, but it is retried and
 /// recovers by itself, so it is a WARN here; only what librdkafka calls critical and above is
 /// an ERROR. Keeps librdkafka's target, so `log.level = "info,librdkafka=off"` still silences it.
+/// The lines its `debug` property asks for go to `librdkafka::debug`, uncollapsed, so that
+/// `"info,librdkafka=warn,librdkafka::debug=debug"` shows them without librdkafka's info lines.
 pub fn log(level: RDKafkaLogLevel, facility: &str, message: &str) {
     if matches!(level, RDKafkaLogLevel::Debug) {
-        tracing::debug!(target: "librdkafka", "librdkafka: {facility} {message}");
+        tracing::debug!(target: "librdkafka::debug", "librdkafka: {facility} {message}");
         return;
     }
     let Some(repeated) = LINES.admit(&librdkafka_kind(facility, message)) else { return };

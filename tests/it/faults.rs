@@ -94,15 +94,16 @@ struct BrokerPipeline {
 /// nothing here has reproduced it since.
 async fn broker_pipeline(scenario: impl FnOnce(Scenario) -> Scenario) -> BrokerPipeline {
     let broker = PrivateBroker::start().await;
-    let mut consumer_debug = toml::Table::new();
-    consumer_debug.insert("debug".into(), "cgrp".into());
     let setup = scenario(
         Scenario::new("run")
             .partitions(2)
             .on(&broker)
             .set("ship", "delivery_timeout", "5s")
-            .set("persist", "properties", toml::Value::Table(consumer_debug))
-            .set("log", "level", "info,librdkafka=debug"),
+            // Only the persister's consumer is asked for debugging; the agent's log is as before.
+            .with(|config| {
+                config.persist_property("debug", "cgrp");
+            })
+            .set("log", "level", "info,librdkafka=warn,librdkafka::debug=debug"),
     )
     .build()
     .await;
