@@ -65,8 +65,13 @@ type queue struct {
 
 	closed, stopping bool
 	senderWaiting    bool
-	wake             chan struct{} // capacity 1: sent to without blocking
-	settled          chan struct{} // closed when entries leave the queue; nil if nobody waits
+	// lingering: the sender lets a burst gather (sender.linger) until lingerRecords records or
+	// lingerBytes bytes are queued; the record that crosses the mark wakes it.
+	lingering                  bool
+	lingerRecords, lingerBytes int
+	flushers                   int           // Flush and Close callers waiting: the sender does not linger
+	wake                       chan struct{} // capacity 1: sent to without blocking
+	settled                    chan struct{} // closed when entries leave the queue; nil if nobody waits
 
 	now func() time.Time // the clock; tests replace it
 
@@ -158,6 +163,10 @@ func (q *queue) offer(data []byte, level slog.Level, replaced, truncated bool, t
 	q.seq++
 	q.pushBack(entry{seq: q.seq, timeUs: timeUs, data: data, level: level})
 	q.wakeSender()
+	if q.lingering && (q.n-q.inflight >= q.lingerRecords || q.bytes >= q.lingerBytes) {
+		q.lingering = false // one wake-up ends it
+		q.wakeLinger()
+	}
 	return true
 }
 
@@ -228,11 +237,35 @@ func (q *queue) hasPending() bool {
 	return q.n > q.inflight
 }
 
-// pending is how many records wait to be sent.
-func (q *queue) pending() int {
+// startLinger says whether the sender should let a burst gather: not while Flush or Close
+// waits, nor once records or bytes are queued. If so, the record that reaches either mark wakes
+// it (endLinger when it is done). A wake-up left from before is taken first.
+func (q *queue) startLinger(records, bytes int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.n - q.inflight
+	if q.stopping || q.flushers > 0 || q.n-q.inflight >= records || q.bytes >= bytes {
+		return false
+	}
+	select {
+	case <-q.wake:
+	default:
+	}
+	q.lingering, q.lingerRecords, q.lingerBytes = true, records, bytes
+	return true
+}
+
+// wakeLinger ends the sender's linger; like wakeSender, it never blocks.
+func (q *queue) wakeLinger() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue) endLinger() {
+	q.mu.Lock()
+	q.lingering = false
+	q.mu.Unlock()
 }
 
 // connectionOpened records that a connection is up and returns its generation.
@@ -418,6 +451,18 @@ func (q *queue) nak(gen, number uint64, reason string) {
 // waitSettled waits until nothing is queued or awaiting an acknowledgement; false if done
 // closed first.
 func (q *queue) waitSettled(done <-chan struct{}) bool {
+	q.mu.Lock()
+	q.flushers++
+	if q.lingering {
+		q.lingering = false
+		q.wakeLinger() // the sender writes now
+	}
+	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		q.flushers--
+		q.mu.Unlock()
+	}()
 	for {
 		q.mu.Lock()
 		if q.n == 0 {

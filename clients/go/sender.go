@@ -42,10 +42,7 @@ const (
 	ioTick = 250 * time.Millisecond
 	// idleWait is the sender's longest idle wait (records wake it; this is a safety net).
 	idleWait = 5 * time.Second
-	// lingerWait is how long the sender lets a burst gather before it writes, unless half a
-	// batch waits already: the records a burst logs meanwhile go in one write and wake the agent
-	// once, not once each (with the agent on the same cores, a wake-up per record took CPU from
-	// the logging goroutines: their p99.9). A record reaches the agent at most this much later.
+	// lingerWait is how long the sender lets a burst gather before it writes (sender.linger).
 	lingerWait = 2 * time.Millisecond
 	// One write takes at most this many records or bytes (at least one record).
 	batchRecords = 1024
@@ -172,8 +169,9 @@ func (s *sender) step(b *backoff) {
 	if s.stopped() || !s.q.hasPending() {
 		return
 	}
-	if s.q.pending() < batchRecords/2 {
-		s.sleep(lingerWait)
+	s.linger()
+	if s.stopped() {
+		return
 	}
 	c := s.current.Load()
 	if c == nil || c.broken.Load() {
@@ -218,6 +216,26 @@ func (s *sender) waitForWork() {
 	}
 	timer.Stop()
 	s.q.doneWaiting()
+}
+
+// linger lets a burst gather for up to lingerWait before the sender writes it, unless half a
+// batch is queued (by records or bytes) or Flush or Close waits: the records a burst logs
+// meanwhile go in one write and wake the agent once, not once each (with the agent on the same
+// cores, a wake-up per record took CPU from the logging goroutines: their p99.9). The record
+// that crosses half a batch, Flush, Close and a stop end it early. A record reaches the agent at
+// most lingerWait later.
+func (s *sender) linger() {
+	if !s.q.startLinger(batchRecords/2, batchBytes/2) {
+		return
+	}
+	timer := time.NewTimer(lingerWait)
+	select {
+	case <-timer.C:
+	case <-s.q.wake:
+	case <-s.stopCh:
+	}
+	timer.Stop()
+	s.q.endLinger()
 }
 
 // sleep is the backoff: a wait that Close cuts short.

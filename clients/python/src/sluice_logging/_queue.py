@@ -109,6 +109,12 @@ class RecordQueue:
         self._closed = False
         self._stopping = False
         self._sender_waiting = False
+        # The sender lets a burst gather (``linger``) until this many records or bytes wait; the
+        # record that crosses the mark wakes it. It does not while flush() or close() waits.
+        self._lingering = False
+        self._linger_records = 0
+        self._linger_bytes = 0
+        self._flushers = 0
         # Counters.
         self._sent = 0
         self._acknowledged = 0
@@ -160,6 +166,11 @@ class RecordQueue:
             self._bytes = total
             if self._sender_waiting:
                 self.cond.notify_all()
+            elif self._lingering and (
+                len(self._pending) >= self._linger_records or self._bytes - self._unacked_bytes >= self._linger_bytes
+            ):
+                self._lingering = False  # one notification ends it
+                self.cond.notify_all()
             return True
 
     def drop(self, reason: str, levelno: int) -> None:
@@ -191,20 +202,31 @@ class RecordQueue:
             finally:
                 self._sender_waiting = False
 
-    def linger(self, seconds: float, records: int) -> None:
+    def linger(self, seconds: float, records: int, size: int) -> None:
         """The sender's pause once it has something to send: up to ``seconds``, so the records a
         burst logs meanwhile go in one write and wake the agent once, not once each (each wake-up
-        also takes the GIL from the logging threads). Ends early once ``records`` wait, or at
-        ``stop()``. Callers do not notify it (only ``wait_for_work`` is), so a burst's calls take
-        no notification of their own."""
+        also takes the GIL from the logging threads). Ends early once ``records`` records or
+        ``size`` bytes wait (the call that crosses the mark notifies it; the calls before notify
+        nobody), while flush() or close() waits, or at ``stop()``."""
         # Real time, not the injectable clock: a test's frozen clock must not make it wait forever.
         deadline = time.monotonic() + seconds
         with self.cond:
-            while not self._stopping and len(self._pending) < records:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self.cond.wait(remaining)
+            self._linger_records, self._linger_bytes = records, size
+            self._lingering = True
+            try:
+                while (
+                    self._lingering
+                    and not self._stopping
+                    and self._flushers == 0
+                    and len(self._pending) < records
+                    and self._bytes - self._unacked_bytes < size
+                ):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    self.cond.wait(remaining)
+            finally:
+                self._lingering = False
 
     def sleep(self, seconds: float) -> None:
         """The sender's backoff: a wait that ``stop()`` cuts short."""
@@ -407,12 +429,18 @@ class RecordQueue:
         """Wait until nothing is queued or unsettled; False if ``timeout`` passed first."""
         deadline = self._clock() + timeout
         with self.cond:
-            while self._pending or self._unacked:
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return False
-                self.cond.wait(remaining)
-            return True
+            self._flushers += 1
+            try:
+                if self._lingering:
+                    self.cond.notify_all()  # the sender writes now
+                while self._pending or self._unacked:
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        return False
+                    self.cond.wait(remaining)
+                return True
+            finally:
+                self._flushers -= 1
 
     @property
     def progress(self) -> int:

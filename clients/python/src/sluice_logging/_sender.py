@@ -38,7 +38,7 @@ IO_TICK_SECONDS = 0.25
 BATCH_RECORDS = 1024
 BATCH_BYTES = 256 * 1024
 #: How long the sender lets a burst gather before it writes, unless half a batch waits already
-#: (``_queue.Queue.linger``): a record reaches the agent at most this much later.
+#: (``RecordQueue.linger``): a record reaches the agent at most this much later.
 LINGER_SECONDS = 0.002
 #: The sender's longest idle wait (it is woken for records; this is a safety net).
 IDLE_SECONDS = 5.0
@@ -153,7 +153,9 @@ class Sender:
         self._write_notice()
         if queue.stopping or not queue.has_pending():
             return
-        queue.linger(LINGER_SECONDS, BATCH_RECORDS // 2)
+        queue.linger(LINGER_SECONDS, BATCH_RECORDS // 2, BATCH_BYTES // 2)
+        if queue.stopping:
+            return
         conn = self._conn
         if conn is None or conn.broken:
             if conn is not None:

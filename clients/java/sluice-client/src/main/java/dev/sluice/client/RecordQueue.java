@@ -70,6 +70,12 @@ final class RecordQueue {
     private boolean closed;
     private boolean stopping;
     private boolean senderWaiting;
+    /** The sender lingers ({@link #linger}) until this many records or bytes wait. */
+    private boolean lingering;
+    private int lingerRecords;
+    private long lingerBytes;
+    /** Callers in {@link #waitDrained}: the sender does not linger while someone waits for it. */
+    private int flushers;
     private boolean connected;
     private String ackPoint;
     private String lastError;
@@ -200,6 +206,9 @@ final class RecordQueue {
             append(line, level.ordinal(), timeMicros, (byte) 0);
             if (senderWaiting) {
                 changed.signalAll();
+            } else if (lingering && (count - inFlight >= lingerRecords || bytes - inFlightBytes >= lingerBytes)) {
+                lingering = false; // one signal ends it
+                changed.signalAll();
             }
             return true;
         } finally {
@@ -268,20 +277,25 @@ final class RecordQueue {
      * The sender's pause once it has something to send: up to {@code nanos}, so the records a
      * burst logs meanwhile go in the same write and wake the agent once, not once each (with the
      * agent on the same cores, a wake-up per record took CPU from the logging threads: their
-     * p99.9). Ends early once {@code records} or {@code bytes} wait to be sent, or at {@link
-     * #stop()}. Callers do not signal it (only {@link #waitForWork} is), so a burst's calls take
-     * no wake-up of their own.
+     * p99.9). Ends early once {@code records} or {@code bytes} wait to be sent (the call that
+     * crosses the mark signals it; the calls before signal nobody), while a {@link #waitDrained}
+     * waits, or at {@link #stop()}.
      */
     void linger(long nanos, int records, long bytes) {
         lock.lock();
         try {
+            lingerRecords = records;
+            lingerBytes = bytes;
+            lingering = true;
             long remaining = nanos;
-            while (remaining > 0 && !stopping && count - inFlight < records && this.bytes - inFlightBytes < bytes) {
+            while (remaining > 0 && lingering && !stopping && flushers == 0
+                    && count - inFlight < records && this.bytes - inFlightBytes < bytes) {
                 remaining = changed.awaitNanos(remaining);
             }
         } catch (InterruptedException e) {
             // As in waitForWork.
         } finally {
+            lingering = false;
             lock.unlock();
         }
     }
@@ -574,7 +588,11 @@ final class RecordQueue {
     /** Waits until nothing is queued or unsettled; false if the timeout passed first (or the caller was interrupted). */
     boolean waitDrained(long timeoutNanos) {
         lock.lock();
+        flushers++;
         try {
+            if (lingering) {
+                changed.signalAll(); // the sender writes now
+            }
             long remaining = timeoutNanos;
             while (count > 0) {
                 if (remaining <= 0) {
@@ -589,6 +607,7 @@ final class RecordQueue {
             }
             return true;
         } finally {
+            flushers--;
             lock.unlock();
         }
     }

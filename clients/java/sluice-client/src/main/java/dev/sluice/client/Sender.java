@@ -140,6 +140,9 @@ final class Sender {
             return;
         }
         queue.linger(LINGER_NANOS, BATCH_RECORDS / 2, BATCH_BYTES / 2);
+        if (queue.stopping()) {
+            return;
+        }
         Connection c = conn;
         if (c == null || c.broken) {
             if (c != null) {

@@ -33,6 +33,67 @@ class RecordQueueTest {
         return new String(batch.data[k], StandardCharsets.UTF_8).strip();
     }
 
+    /** The sender's linger, started with a minute to wait; returns the thread running it. */
+    private static Thread lingering(RecordQueue queue, int records, long bytes) throws InterruptedException {
+        Thread sender = new Thread(() -> queue.linger(TimeUnit.MINUTES.toNanos(1), records, bytes));
+        sender.start();
+        while (sender.getState() != Thread.State.TIMED_WAITING && sender.isAlive()) {
+            Thread.sleep(1);
+        }
+        return sender;
+    }
+
+    private static void assertEnds(Thread sender) throws InterruptedException {
+        sender.join(TimeUnit.SECONDS.toMillis(10));
+        assertFalse(sender.isAlive(), "the linger went on");
+    }
+
+    @Test
+    void theLingerEndsWhenTheRecordThatReachesHalfABatchIsOffered() throws InterruptedException {
+        RecordQueue queue = queue(1000, 1 << 20, 1.0);
+        offer(queue, Severity.INFO, "first");
+        Thread sender = lingering(queue, 3, 1 << 20);
+        offer(queue, Severity.INFO, "second");
+        assertTrue(sender.isAlive(), "a record below the mark signals nobody");
+        offer(queue, Severity.INFO, "third");
+        assertEnds(sender);
+    }
+
+    @Test
+    void theLingerEndsWhenTheBytesReachTheirMark() throws InterruptedException {
+        RecordQueue queue = queue(1000, 1 << 20, 1.0);
+        offer(queue, Severity.INFO, "first");
+        Thread sender = lingering(queue, 1000, 100);
+        offer(queue, Severity.INFO, "x".repeat(100));
+        assertEnds(sender);
+    }
+
+    @Test
+    void theLingerEndsWhenAFlushWaitsAndDoesNotStartWhileOneDoes() throws InterruptedException {
+        RecordQueue queue = queue(1000, 1 << 20, 1.0);
+        offer(queue, Severity.INFO, "waiting");
+        Thread sender = lingering(queue, 1000, 1 << 20);
+        Thread flush = new Thread(() -> queue.waitDrained(TimeUnit.SECONDS.toNanos(30)));
+        flush.setDaemon(true);
+        flush.start();
+        assertEnds(sender);
+        // While the flush still waits, a linger returns at once.
+        Thread again = new Thread(() -> queue.linger(TimeUnit.MINUTES.toNanos(1), 1000, 1 << 20));
+        again.start();
+        assertEnds(again);
+        queue.stop();
+        flush.join(TimeUnit.SECONDS.toMillis(10));
+    }
+
+    @Test
+    void theLingerEndsAtStop() throws InterruptedException {
+        RecordQueue queue = queue(1000, 1 << 20, 1.0);
+        offer(queue, Severity.INFO, "waiting");
+        Thread sender = lingering(queue, 1000, 1 << 20);
+        queue.stop();
+        assertEnds(sender);
+    }
+
     @Test
     void noDropReportIsQueuedOnceTheQueueIsClosed() {
         // After close() every record is dropped `closed`; a report per sender step would keep the
