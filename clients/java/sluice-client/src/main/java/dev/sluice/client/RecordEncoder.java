@@ -119,6 +119,16 @@ final class RecordEncoder {
     }
 
     /** The line, and the buffer back to its usual size if this record grew it. */
+    /**
+     * Lets go of what the last record left here, once its line is made: the exceptions its stack
+     * trace walked, and a scratch or stack-trace buffer a large record grew. Without it a thread
+     * that logged one large record or exception and then went quiet kept them alive.
+     */
+    void release() {
+        scratch.reset();
+        stack.clear();
+    }
+
     private byte[] line() {
         byte[] line = out.toLine();
         out.reset();

@@ -96,6 +96,7 @@ public final class SluiceClient implements AutoCloseable {
             queue.drop(DropReason.FORMAT_ERROR, level);
             return false;
         } finally {
+            encoder.release();
             encoder.busy = false;
         }
         if (sender == null) {

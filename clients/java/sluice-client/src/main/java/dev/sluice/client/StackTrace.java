@@ -35,7 +35,7 @@ final class StackTrace {
     private final Set<Throwable> seen = Collections.newSetFromMap(new IdentityHashMap<>());
 
     void clear() {
-        if (text.capacity() > 256 * 1024) {
+        if (text.capacity() > 64 * 1024) {
             text.setLength(0);
             text.trimToSize();
         }

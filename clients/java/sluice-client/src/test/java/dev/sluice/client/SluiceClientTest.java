@@ -11,6 +11,7 @@ import dev.sluice.client.testing.FakeAgent;
 import dev.sluice.client.testing.Fixtures;
 import dev.sluice.client.testing.Waiting;
 import java.lang.management.ManagementFactory;
+import java.lang.ref.WeakReference;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.channels.ServerSocketChannel;
@@ -186,6 +187,23 @@ class SluiceClientTest {
                 "during the restart 3", "during the restart 4");
         assertEquals(expected, messagesOf(agent, 6));
         assertTrue(client.stats().reconnects() >= 1);
+    }
+
+    /** Found by the cold review (issue 31): the encoder's stack-trace walk kept the exceptions it saw. */
+    @Test
+    void theLoggingThreadKeepsNoExceptionItLoggedAlive() {
+        SluiceClient client = fixtures.client(b -> b);
+        WeakReference<Throwable> logged = logAnException(client);
+        assertTrue(Waiting.until(() -> {
+            System.gc();
+            return logged.get() == null;
+        }, Duration.ofSeconds(10)), "the exception is still reachable after the call");
+    }
+
+    private static WeakReference<Throwable> logAnException(SluiceClient client) {
+        Throwable failure = new IllegalStateException("card declined", new RuntimeException("gateway timeout"));
+        client.log(record(Severity.ERROR, "payment failed").thrown(failure));
+        return new WeakReference<>(failure);
     }
 
     @Test

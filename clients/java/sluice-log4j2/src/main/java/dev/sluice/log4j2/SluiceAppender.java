@@ -202,7 +202,11 @@ public final class SluiceAppender extends AbstractAppender {
         for (Property field : fields) {
             record.field(field.getName(), field.getValue());
         }
-        client.log(record);
+        try {
+            client.log(record);
+        } finally {
+            record.clear(); // the thread's record must not keep the event's exception or arguments alive
+        }
     }
 
     /** A context entry: OpenTelemetry's and Micrometer Tracing's ids go to {@code trace_id} / {@code span_id}. */

@@ -145,7 +145,11 @@ public class SluiceAppender extends UnsynchronizedAppenderBase<ILoggingEvent> {
             Field field = fields.get(i);
             record.field(field.getName(), field.getValue());
         }
-        running.log(record);
+        try {
+            running.log(record);
+        } finally {
+            record.clear(); // the thread's record must not keep the event's exception or arguments alive
+        }
     }
 
     /** An MDC entry: OpenTelemetry's and Micrometer Tracing's ids go to {@code trace_id} / {@code span_id}. */
