@@ -83,3 +83,17 @@ func TestAFlushEndsTheLingerAndNoneStartsWhileItWaits(t *testing.T) {
 		t.Fatal("a linger starts again once no flush waits")
 	}
 }
+
+func TestBytesAwaitingAnAcknowledgementDoNotCountTowardTheLingerMark(t *testing.T) {
+	q := newQueue(1000, 1<<20, 1)
+	gen := q.connectionOpened("spooled", false)
+	offerLine(q, string(make([]byte, 100)))
+	offerLine(q, string(make([]byte, 100)))
+	if sent := q.takeNumbered(nil, gen, 1000, 1<<20); len(sent) != 2 {
+		t.Fatalf("sent %d, want 2", len(sent))
+	}
+	offerLine(q, "waiting")
+	if !q.startLinger(1000, 150) {
+		t.Fatal("only what waits to be sent counts toward the mark, not what awaits its ACK")
+	}
+}

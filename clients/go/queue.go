@@ -163,7 +163,7 @@ func (q *queue) offer(data []byte, level slog.Level, replaced, truncated bool, t
 	q.seq++
 	q.pushBack(entry{seq: q.seq, timeUs: timeUs, data: data, level: level})
 	q.wakeSender()
-	if q.lingering && (q.n-q.inflight >= q.lingerRecords || q.bytes >= q.lingerBytes) {
+	if q.lingering && (q.n-q.inflight >= q.lingerRecords || q.bytes-q.inBytes >= q.lingerBytes) {
 		q.lingering = false // one wake-up ends it
 		q.wakeLinger()
 	}
@@ -243,7 +243,7 @@ func (q *queue) hasPending() bool {
 func (q *queue) startLinger(records, bytes int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.stopping || q.flushers > 0 || q.n-q.inflight >= records || q.bytes >= bytes {
+	if q.stopping || q.flushers > 0 || q.n-q.inflight >= records || q.bytes-q.inBytes >= bytes {
 		return false
 	}
 	select {

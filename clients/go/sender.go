@@ -170,7 +170,7 @@ func (s *sender) step(b *backoff) {
 		return
 	}
 	s.linger()
-	if s.stopped() {
+	if s.stopped() || !s.q.hasPending() { // Close stops the queue before the sender
 		return
 	}
 	c := s.current.Load()

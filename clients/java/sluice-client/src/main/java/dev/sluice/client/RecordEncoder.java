@@ -118,7 +118,6 @@ final class RecordEncoder {
         return line();
     }
 
-    /** The line, and the buffer back to its usual size if this record grew it. */
     /**
      * Lets go of what the last record left here, once its line is made: the exceptions its stack
      * trace walked, and a scratch or stack-trace buffer a large record grew. Without it a thread
@@ -129,6 +128,7 @@ final class RecordEncoder {
         stack.clear();
     }
 
+    /** The line, and the buffer back to its usual size if this record grew it. */
     private byte[] line() {
         byte[] line = out.toLine();
         out.reset();

@@ -96,8 +96,13 @@ public final class SluiceClient implements AutoCloseable {
             queue.drop(DropReason.FORMAT_ERROR, level);
             return false;
         } finally {
-            encoder.release();
             encoder.busy = false;
+            try {
+                encoder.release();
+            } catch (OutOfMemoryError e) {
+                // Shrinking a buffer allocates a small one: with the heap full, it stays grown
+                // this time; the record made is still offered.
+            }
         }
         if (sender == null) {
             try {
