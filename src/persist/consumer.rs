@@ -87,7 +87,11 @@ impl LagClock {
         }
     }
 
-    pub(super) fn report(&self, lag: &std::collections::HashMap<i32, i64>) {
+    /// Publishes the lag `measure_lag` found for `assigned` partitions. A partition it could
+    /// not measure this time (its watermarks did not come within the timeout) keeps its last
+    /// figure — reporting 0 would say "caught up" exactly when the brokers are slow; one no
+    /// longer assigned goes to 0.
+    pub(super) fn report(&self, lag: &std::collections::HashMap<i32, i64>, assigned: &std::collections::BTreeSet<i32>) {
         let now = chrono::Utc::now().timestamp_millis();
         let last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut reported = self.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -101,10 +105,11 @@ impl LagClock {
             metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => label).set(seconds);
             reported.insert(*partition);
         }
-        for partition in reported.iter().filter(|partition| !lag.contains_key(partition)) {
+        for partition in reported.iter().filter(|partition| !assigned.contains(partition)) {
             metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, "partition" => partition.to_string()).set(0.0);
             metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => partition.to_string()).set(0.0);
         }
+        reported.retain(|partition| assigned.contains(partition));
     }
 }
 
@@ -232,10 +237,13 @@ pub(super) async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock
         // A measurement waits up to 2 s per request on a broker that does not answer: the drain
         // does not wait for it (the blocking thread finishes it and lets its consumer go).
         let measured = tokio::select! {
-            measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)) => measured.unwrap_or_default(),
+            measured = tokio::task::spawn_blocking(move || measure_lag(&client, &clock)) => measured,
             _ = stop.cancelled() => break,
         };
-        lag.report(&measured);
+        // A measurement that could not even read the assignment changes nothing.
+        if let Ok(Some((lag_by_partition, assigned))) = measured {
+            lag.report(&lag_by_partition, &assigned);
+        }
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(LAG_INTERVAL) => {}
@@ -243,10 +251,16 @@ pub(super) async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock
     }
 }
 
-pub(super) fn measure_lag(consumer: &PersistConsumer, clock: &LagClock) -> std::collections::HashMap<i32, i64> {
+/// The lag of each assigned partition whose watermarks came in time, and the assigned
+/// partitions; `None` if the assignment could not be read.
+pub(super) fn measure_lag(
+    consumer: &PersistConsumer,
+    clock: &LagClock,
+) -> Option<(std::collections::HashMap<i32, i64>, std::collections::BTreeSet<i32>)> {
     let timeout = Duration::from_secs(2);
     let mut lag = std::collections::HashMap::new();
-    let Ok(assignment) = consumer.assignment() else { return lag };
+    let assignment = consumer.assignment().ok()?;
+    let assigned = assignment.elements().iter().map(|element| element.partition()).collect();
     let mut unknown = TopicPartitionList::new();
     for element in assignment.elements() {
         if clock.next_offset(element.partition()).is_none() {
@@ -267,5 +281,5 @@ pub(super) fn measure_lag(consumer: &PersistConsumer, clock: &LagClock) -> std::
         });
         lag.insert(element.partition(), (high - position.unwrap_or(low)).max(0));
     }
-    lag
+    Some((lag, assigned))
 }

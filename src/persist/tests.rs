@@ -76,3 +76,27 @@ fn a_batch_still_closes_on_records_below_the_byte_cap() {
     assert!(add(&mut batch, 0, 10, limits).is_empty());
     assert_eq!(add(&mut batch, 1, 10, limits), vec![vec![0, 1]]);
 }
+
+/// Found by a fault test under CI load (the consumer lag read 0 for both partitions 30 s into a
+/// PostgreSQL outage): a partition whose watermarks could not be fetched in one measurement was
+/// reported as no lag, exactly when the lag matters. It keeps its last figure; only a partition
+/// no longer assigned goes to 0.
+#[test]
+fn a_partition_whose_lag_could_not_be_measured_keeps_its_last_figure() {
+    use std::collections::{BTreeSet, HashMap};
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let clock = consumer::LagClock::default();
+    metrics::with_local_recorder(&recorder, || {
+        clock.report(&HashMap::from([(0, 500), (1, 700)]), &BTreeSet::from([0, 1]));
+        // Partition 0 was revoked; partition 1's watermarks did not come this time.
+        clock.report(&HashMap::new(), &BTreeSet::from([1]));
+    });
+    let text = handle.render();
+    let gauge = |partition: &str| {
+        let series = format!("{}{{partition=\"{partition}\"}} ", crate::telemetry::PERSIST_LAG_RECORDS);
+        text.lines().find_map(|line| line.strip_prefix(series.as_str())).map(str::to_string)
+    };
+    assert_eq!(gauge("1").as_deref(), Some("700"), "{text}");
+    assert_eq!(gauge("0").as_deref(), Some("0"), "{text}");
+}
