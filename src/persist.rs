@@ -204,7 +204,7 @@ pub async fn run(
         }
         let lag = Arc::new(LagClock::default());
         let context =
-            PersistContext { health: health.clone(), errors: telemetry::librdkafka::ErrorTotals::default() };
+            PersistContext { health: health.clone(), errors: telemetry::librdkafka::ErrorTotals::default(), lag: lag.clone() };
         let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
         consumer.subscribe(&[config.kafka.topic.as_str()])?;
         info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");

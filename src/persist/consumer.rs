@@ -48,6 +48,8 @@ pub(super) struct PersistContext {
     /// Readiness: the rebalance callback keeps `assigned` current.
     pub(super) health: Arc<super::Health>,
     pub(super) errors: telemetry::librdkafka::ErrorTotals,
+    /// Forgets a revoked partition's offsets: taken back later, its lag is not the old one's.
+    pub(super) lag: Arc<LagClock>,
 }
 
 /// What this persister has stored per partition: the next offset, and the ingest time of the
@@ -61,6 +63,17 @@ pub(super) struct LagClock {
 }
 
 impl LagClock {
+    /// A partition was revoked: what this persister stored for it no longer measures its lag
+    /// (another replica may persist it meanwhile; given back, it starts from the group's commit).
+    pub(super) fn forget(&self, partitions: impl Iterator<Item = i32> + Clone) {
+        let mut stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for partition in partitions {
+            stored.remove(&partition);
+            last.remove(&partition);
+        }
+    }
+
     pub(super) fn stored(&self, next_offsets: &BTreeMap<(String, i32), i64>) {
         let mut stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for ((_, partition), next) in next_offsets {
@@ -134,7 +147,10 @@ impl ConsumerContext for PersistContext {
         let count = consumer.assignment().map(|tpl| tpl.count()).unwrap_or(0);
         match rebalance {
             Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
-            Rebalance::Revoke(tpl) => info!(partitions = tpl.count(), "partitions revoked"),
+            Rebalance::Revoke(tpl) => {
+                info!(partitions = tpl.count(), "partitions revoked");
+                self.lag.forget(tpl.elements().iter().map(|element| element.partition()));
+            }
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
         }
         self.health.assigned.store(count, Ordering::Relaxed);
@@ -241,8 +257,10 @@ pub(super) async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock
             _ = stop.cancelled() => break,
         };
         // A measurement that could not even read the assignment changes nothing.
-        if let Ok(Some((lag_by_partition, assigned))) = measured {
-            lag.report(&lag_by_partition, &assigned);
+        match measured {
+            Ok(Some((lag_by_partition, assigned))) => lag.report(&lag_by_partition, &assigned),
+            Ok(None) => {}
+            Err(error) => warn!(%error, "the consumer lag measurement failed; the gauges keep their figures"),
         }
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -100,3 +100,14 @@ fn a_partition_whose_lag_could_not_be_measured_keeps_its_last_figure() {
     assert_eq!(gauge("1").as_deref(), Some("700"), "{text}");
     assert_eq!(gauge("0").as_deref(), Some("0"), "{text}");
 }
+
+/// Found by the cold review of the fix above: a partition revoked and later given back measured
+/// its lag from the offset this persister had stored before, for ever if it had gone idle.
+#[test]
+fn a_revoked_partition_forgets_what_this_persister_stored_for_it() {
+    let clock = consumer::LagClock::default();
+    clock.stored(&std::collections::BTreeMap::from([(("t".to_string(), 0), 100), (("t".to_string(), 1), 200)]));
+    clock.forget([0].into_iter());
+    assert_eq!(clock.next_offset(0), None, "measured from the group's commit once given back");
+    assert_eq!(clock.next_offset(1), Some(200));
+}
