@@ -36,6 +36,7 @@ pub mod datagram;
 pub mod forward;
 pub mod framing;
 pub mod limit;
+pub mod otlp;
 pub mod paced;
 pub mod record;
 mod replies;
@@ -76,6 +77,26 @@ pub enum IngestError {
         path: PathBuf,
         /// The OS error.
         source: io::Error,
+    },
+    /// A loopback address could not be bound.
+    #[error("cannot bind {address}: {source}")]
+    BindTcp {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The pod shares the node's network: its loopback is the node's.
+    #[error(
+        "listener {listener}: this pod shares the node's network (POD_IP = HOST_IP = {ip}), so its loopback \
+         addresses would reach every process on the node; set allow_host_network = true to bind them anyway, \
+         or addresses = [] to serve the Unix socket only"
+    )]
+    HostNetwork {
+        /// The listener.
+        listener: String,
+        /// The pod's (and node's) IP.
+        ip: String,
     },
     /// `socket_group` names no group.
     #[error("listener {listener}: no group named {group}")]
@@ -382,6 +403,8 @@ fn with_reason(labels: &[(&'static str, String); 2], reason: &'static str) -> [(
 enum Socket {
     Stream(UnixListener),
     Datagram(UnixDatagram),
+    /// `otlp`: the Unix socket and the loopback addresses.
+    Otlp(UnixListener, Vec<tokio::net::TcpListener>),
 }
 
 /// A bound listener, ready to serve.
@@ -417,7 +440,12 @@ impl Listener {
         remove_stale_socket(&path)?;
         let bind_error = |source| IngestError::Bind { path: path.clone(), source };
         let mode = config.socket_mode_bits();
+        // Loopback addresses first: a conflict there leaves no socket file behind.
+        let tcp = otlp::bind_tcp(name, config)?;
         let socket = match config.transport() {
+            Transport::Stream if config.protocol == Protocol::Otlp => {
+                Socket::Otlp(bind_private(&path, mode, gid, |at| UnixListener::bind(at)).map_err(bind_error)?, tcp)
+            }
             Transport::Stream => {
                 Socket::Stream(bind_private(&path, mode, gid, |at| UnixListener::bind(at)).map_err(bind_error)?)
             }
@@ -451,6 +479,7 @@ impl Listener {
         match socket {
             Socket::Datagram(socket) => datagram::serve(socket, &path, context.clone(), ingest, stop).await,
             Socket::Stream(listener) => accept(listener, context.clone(), ingest, tracker, stop).await,
+            Socket::Otlp(unix, tcp) => otlp::serve(unix, tcp, context.clone(), ingest, tracker, stop).await,
         }
         if let Err(error) = std::fs::remove_file(&path) {
             debug!(%error, "could not remove the socket file");

@@ -247,6 +247,14 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: spec.nodeName
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
+  - name: HOST_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.hostIP
   - name: CONTAINER_NAME
     value: {app:?}{secret_env}
 ports:

@@ -39,6 +39,9 @@ pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
 pub const INGEST_THROTTLED: &str = "sluice_ingest_records_throttled_total";
 /// Bytes read from connections and not yet turned into records.
 pub const INGEST_READ_BUFFER_BYTES: &str = "sluice_ingest_read_buffer_bytes";
+/// OTLP Exports answered, by `transport` (`grpc`, `http`) and `outcome` (`ok`,
+/// `partial_success`, `retry`, `refused`).
+pub const INGEST_OTLP_EXPORTS: &str = "sluice_ingest_otlp_exports_total";
 
 // ---- agent: buffer
 /// Records held: waiting in the buffer or sent and not yet acknowledged by Kafka.
@@ -271,6 +274,7 @@ fn describe_all() {
     describe_counter!(INGEST_REJECTED, "Records refused at the socket, by reason.");
     describe_counter!(INGEST_THROTTLED, "Records that waited for their rate limit.");
     describe_gauge!(INGEST_READ_BUFFER_BYTES, Unit::Bytes, "Bytes read from connections, not yet records.");
+    describe_counter!(INGEST_OTLP_EXPORTS, "OTLP Exports answered, by transport and outcome.");
     describe_gauge!(BUFFER_RECORDS, "Records held until Kafka acknowledges them.");
     describe_gauge!(BUFFER_BYTES, Unit::Bytes, "Bytes held until Kafka acknowledges them.");
     describe_gauge!(BUFFER_CAPACITY_BYTES, Unit::Bytes, "Buffer byte capacity (buffer.max_bytes).");

@@ -4,6 +4,7 @@
 //! Owns: the section's schema and checks. Must not: bind a socket (ingest does).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -77,6 +78,10 @@ pub enum Protocol {
     /// Fluentd's Forward protocol (msgpack; Message, Forward, PackedForward and
     /// CompressedPackedForward modes; chunk acks) (stream).
     Forward,
+    /// OpenTelemetry's OTLP logs: gRPC `LogsService/Export` and HTTP `POST /v1/logs` (protobuf
+    /// or JSON, gzip), on the Unix socket and on pod loopback (`addresses`); every Export is
+    /// acknowledged (stream).
+    Otlp,
 }
 
 impl Protocol {
@@ -88,6 +93,7 @@ impl Protocol {
             Protocol::Datagram => "datagram",
             Protocol::Syslog => "syslog",
             Protocol::Forward => "forward",
+            Protocol::Otlp => "otlp",
         }
     }
 }
@@ -152,7 +158,37 @@ pub struct ListenerConfig {
     pub allow_gids: Vec<u32>,
     /// Token buckets per connection or per peer. Unset: no rate limit.
     pub rate_limit: Option<RateLimitConfig>,
+    /// `otlp` only: TCP addresses on the pod's loopback served beside the Unix socket, each
+    /// answering gRPC and HTTP alike. Unset: `["127.0.0.1:4317", "127.0.0.1:4318"]`, the
+    /// OpenTelemetry SDKs' default endpoints; `[]`: the Unix socket only. Loopback addresses
+    /// only, and refused where the pod shares the node's network (`allow_host_network`).
+    pub addresses: Option<Vec<SocketAddr>>,
+    /// `otlp` only: bind `addresses` even where the pod shares the node's network
+    /// (`hostNetwork: true`, seen as `POD_IP` = `HOST_IP`), where every process on the node can
+    /// reach them. Default `false`.
+    pub allow_host_network: bool,
+    /// `otlp` only: largest Export request, as sent and once inflated (gzip); a larger one is
+    /// refused whole (HTTP 413, gRPC `RESOURCE_EXHAUSTED`) and counted `too_large`. Each record
+    /// in it is still bounded by `max_record_size`. Default `4 MiB` (gRPC's own default).
+    pub max_message_size: ByteSize,
+    /// `otlp` only: longest an Export waits — for its turn, for buffer room (`when_full =
+    /// "block"`), for a rate limit (`throttle`) and for its records to reach
+    /// `ingest.ack_point` — before it is answered "retry later" (gRPC `UNAVAILABLE` with
+    /// `RetryInfo`, HTTP 503 with `Retry-After`). Below the SDKs' own 10 s timeout. Default
+    /// `"8s"`.
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
 }
+
+/// The loopback addresses an `otlp` listener serves when `addresses` is unset: the OpenTelemetry
+/// SDKs' default gRPC and HTTP endpoints.
+pub const OTLP_DEFAULT_ADDRESSES: [&str; 2] = ["127.0.0.1:4317", "127.0.0.1:4318"];
+
+/// `max_message_size`'s default.
+pub const OTLP_DEFAULT_MESSAGE_SIZE: u64 = 4 * 1024 * 1024;
+
+/// `export_timeout`'s default.
+pub const OTLP_DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Default for ListenerConfig {
     fn default() -> Self {
@@ -169,6 +205,10 @@ impl Default for ListenerConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             rate_limit: None,
+            addresses: None,
+            allow_host_network: false,
+            max_message_size: ByteSize::b(OTLP_DEFAULT_MESSAGE_SIZE),
+            export_timeout: OTLP_DEFAULT_EXPORT_TIMEOUT,
         }
     }
 }
@@ -191,6 +231,23 @@ impl ListenerConfig {
     /// `max_record_size` in bytes.
     pub fn max_record_bytes(&self) -> usize {
         usize::try_from(self.max_record_size.as_u64()).unwrap_or(usize::MAX)
+    }
+
+    /// `max_message_size` in bytes.
+    pub fn max_message_bytes(&self) -> usize {
+        usize::try_from(self.max_message_size.as_u64()).unwrap_or(usize::MAX)
+    }
+
+    /// The TCP addresses this listener serves: `otlp`'s (its default where unset), none for the
+    /// other protocols.
+    pub fn tcp_addresses(&self) -> Vec<SocketAddr> {
+        match (self.protocol, &self.addresses) {
+            (Protocol::Otlp, Some(addresses)) => addresses.clone(),
+            (Protocol::Otlp, None) => {
+                OTLP_DEFAULT_ADDRESSES.iter().filter_map(|address| address.parse().ok()).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -245,6 +302,57 @@ pub enum RateLimitAction {
     Drop,
 }
 
+impl ListenerConfig {
+    /// The `otlp`-only keys: set only there, and within their bounds.
+    fn validate_otlp(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if self.protocol != Protocol::Otlp {
+            let defaults = ListenerConfig::default();
+            let set = [
+                ("addresses", self.addresses.is_some()),
+                ("allow_host_network", self.allow_host_network),
+                ("max_message_size", self.max_message_size != defaults.max_message_size),
+                ("export_timeout", self.export_timeout != defaults.export_timeout),
+            ];
+            if let Some((key, _)) = set.iter().find(|(_, set)| *set) {
+                return Err(
+                    at.invalid(key, format!("applies to protocol = \"otlp\" only, not {}", self.protocol.as_str()))
+                );
+            }
+            return Ok(());
+        }
+        if let Some(address) = self.tcp_addresses().iter().find(|address| !address.ip().is_loopback()) {
+            return Err(at.invalid(
+                "addresses",
+                format!(
+                    "{address} is not a loopback address: an OTLP listener serves its own pod only (127.0.0.1, ::1)"
+                ),
+            ));
+        }
+        if !self.tcp_addresses().is_empty() {
+            // TCP carries no peer credentials.
+            let peer_keys = [
+                ("allow_uids", !self.allow_uids.is_empty()),
+                ("allow_gids", !self.allow_gids.is_empty()),
+                ("rate_limit.key", self.rate_limit.as_ref().is_some_and(|limit| limit.key == RateLimitKey::Peer)),
+            ];
+            if let Some((key, _)) = peer_keys.iter().find(|(_, set)| *set) {
+                return Err(at.invalid(
+                    key,
+                    "a TCP connection carries no peer credentials: set addresses = [] to serve the Unix socket only",
+                ));
+            }
+        }
+        let message = self.max_message_size.as_u64();
+        if !(1024..=64 * 1024 * 1024).contains(&message) {
+            return Err(at.invalid("max_message_size", "must be between 1 KiB and 64 MiB"));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&self.export_timeout) {
+            return Err(at.invalid("export_timeout", "must be between 100ms and 60s (the SDKs give up after 10s)"));
+        }
+        Ok(())
+    }
+}
+
 /// Highest rate a limit may name (governor counts in nanoseconds per token).
 const MAX_RATE: u64 = 1_000_000_000;
 
@@ -260,7 +368,13 @@ impl IngestConfig {
             return Err(at.invalid("listeners", "must name at least one listener"));
         }
         let mut sockets = BTreeSet::new();
+        let mut addresses = BTreeSet::new();
         for (name, listener) in &self.listeners {
+            if listener.tcp_addresses().iter().any(|address| !addresses.insert(*address)) {
+                return Err(
+                    at.invalid(&format!("listeners.{name}.addresses"), "must be addresses no other listener uses")
+                );
+            }
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
                 return Err(at.invalid(&format!("listeners.{name}"), "a listener name is [A-Za-z0-9_-]+"));
             }
@@ -287,7 +401,10 @@ impl ListenerConfig {
         match (self.protocol, self.transport) {
             (Protocol::Syslog, _) | (_, None) => {}
             (Protocol::Datagram, Some(Transport::Datagram)) => {}
-            (Protocol::Lines | Protocol::OctetCounted | Protocol::Forward, Some(Transport::Stream)) => {}
+            (
+                Protocol::Lines | Protocol::OctetCounted | Protocol::Forward | Protocol::Otlp,
+                Some(Transport::Stream),
+            ) => {}
             (protocol, Some(_)) => {
                 return Err(at.invalid(
                     "transport",
@@ -319,6 +436,7 @@ impl ListenerConfig {
         if self.max_connections == 0 {
             return Err(at.invalid("max_connections", "must be at least 1"));
         }
+        self.validate_otlp(at)?;
         if self.read_interval > MAX_READ_INTERVAL {
             return Err(at.invalid(
                 "read_interval",

@@ -89,6 +89,37 @@ fn rejects_listener_settings_that_cannot_work_naming_the_listener() {
 }
 
 #[test]
+fn otlp_keys_apply_to_otlp_listeners_only_and_serve_loopback_alone() {
+    let key = |listener: &str| invalid_key(&format!("[ingest.listeners.a]\nsocket = \"/s/a\"\n{listener}"));
+    assert_eq!(key("addresses = [\"127.0.0.1:4317\"]\n"), "ingest.listeners.a.addresses", "lines has no addresses");
+    assert_eq!(key("export_timeout = \"2s\"\n"), "ingest.listeners.a.export_timeout");
+    let otlp = |rest: &str| key(&format!("protocol = \"otlp\"\n{rest}"));
+    assert_eq!(otlp("addresses = [\"0.0.0.0:4317\"]\n"), "ingest.listeners.a.addresses", "off the pod");
+    assert_eq!(otlp("allow_uids = [1000]\n"), "ingest.listeners.a.allow_uids", "TCP carries no peer credentials");
+    assert_eq!(otlp("max_message_size = \"100 B\"\n"), "ingest.listeners.a.max_message_size");
+    assert_eq!(otlp("export_timeout = \"2m\"\n"), "ingest.listeners.a.export_timeout");
+    assert_eq!(
+        invalid_key(
+            "[ingest.listeners.a]\nsocket = \"/s/a\"\nprotocol = \"otlp\"\n\
+             [ingest.listeners.b]\nsocket = \"/s/b\"\nprotocol = \"otlp\"\n"
+        ),
+        "ingest.listeners.b.addresses",
+        "two otlp listeners cannot both take the default ports"
+    );
+    let config = Config::from_toml("[ingest.listeners.a]\nprotocol = \"otlp\"\nallow_uids = [7]\naddresses = []\n")
+        .expect("the Unix socket alone may check peers");
+    assert!(config.ingest.listeners["a"].tcp_addresses().is_empty());
+    let config = Config::from_toml("[ingest.listeners.a]\nprotocol = \"otlp\"\n").expect("valid");
+    let otlp = &config.ingest.listeners["a"];
+    assert_eq!(
+        otlp.tcp_addresses().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["127.0.0.1:4317", "127.0.0.1:4318"]
+    );
+    assert_eq!(otlp.max_message_bytes(), 4 << 20);
+    assert_eq!(otlp.export_timeout, Duration::from_secs(8));
+}
+
+#[test]
 fn the_example_configs_in_the_repository_are_valid() {
     // The production-shaped examples in config/examples need their Secret's variable; tests/it/cli.rs
     // checks them with `sluice check-config` and the variable set.

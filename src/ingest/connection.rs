@@ -622,7 +622,8 @@ impl StreamFramer {
     pub fn new(listener: &ListenerContext, max_json_depth: usize) -> Self {
         let max = listener.config.max_record_bytes();
         match listener.protocol {
-            Protocol::Lines | Protocol::Datagram => StreamFramer::Lines(LineFramer::new(max)),
+            // An `otlp` listener's connections are HTTP's (`super::otlp`), never framed here.
+            Protocol::Lines | Protocol::Datagram | Protocol::Otlp => StreamFramer::Lines(LineFramer::new(max)),
             Protocol::OctetCounted => StreamFramer::Octets(OctetFramer::new(max)),
             Protocol::Syslog => StreamFramer::Syslog(SyslogFramer::new(max)),
             Protocol::Forward => StreamFramer::Forward(ForwardFramer::new(max, max_json_depth)),

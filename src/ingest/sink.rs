@@ -18,7 +18,8 @@ use crate::buffer::{Admission, Record};
 use crate::config::{Protocol, RateLimitAction};
 use crate::envelope::PeerFragment;
 use crate::ingest::session::ClientStamp;
-use crate::telemetry::outcome::{Failed, Rejected};
+use crate::telemetry::outcome::{Dropped, Failed, Rejected};
+use tokio_util::sync::CancellationToken;
 
 /// Flush local counters after this many records.
 const COUNTER_FLUSH_EVERY: u64 = 256;
@@ -43,6 +44,31 @@ pub const IDLE_TRANSFORMED: usize = 4096;
 /// The largest envelope written into an arena; a larger one gets an allocation of its own
 /// (nothing of it stays with the connection).
 const ARENA_RECORD: usize = 1024;
+
+/// How a wait for buffer room ended.
+enum Waited {
+    Pushed,
+    Abandoned,
+    PastDeadline,
+}
+
+/// How a wait for rate-limit tokens ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tokens {
+    Taken,
+    /// The drain deadline.
+    Abandoned,
+    /// The sink's own deadline.
+    PastDeadline,
+    /// `drop`: none there.
+    Refused,
+}
+
+impl Tokens {
+    fn then(self, taken: bool) -> Self {
+        if taken { self } else { Tokens::Refused }
+    }
+}
 
 #[derive(Clone, Copy)]
 enum Bucket {
@@ -75,6 +101,10 @@ pub struct RecordSink<'a> {
     /// The id and key time the record being offered carries (a client session's,
     /// [`RecordSink::offer_stamped`]); none: the agent's own.
     stamp: Option<ClientStamp>,
+    /// Where the records' writer stops waiting (an OTLP Export's `export_timeout`): a record that
+    /// would wait past it for buffer room or a rate limit is refused (`block_timeout`,
+    /// `rate_limited`) instead, and its writer told to retry. None: only the drain deadline.
+    deadline: Option<CancellationToken>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
     records: u64,
     bytes: u64,
@@ -99,10 +129,18 @@ impl<'a> RecordSink<'a> {
             pending: Vec::new(),
             batching: false,
             stamp: None,
+            deadline: None,
             transformed: Vec::new(),
             records: 0,
             bytes: 0,
         }
+    }
+
+    /// The sink's records wait for buffer room and rate limits only until `deadline` is cancelled
+    /// (see [`RecordSink::deadline`]).
+    pub fn until(mut self, deadline: CancellationToken) -> Self {
+        self.deadline = Some(deadline);
+        self
     }
 
     /// Offers one record as read from the socket (a line, a frame body, a datagram), checking
@@ -182,15 +220,16 @@ impl<'a> RecordSink<'a> {
     async fn submit(&mut self, text: &str, raw_len: usize, ack: Option<Ack>) {
         if let Some(limits) = &self.listener.limits {
             let allowed = match limits.action {
-                RateLimitAction::Drop => limits.check(&self.limit_key, raw_len).is_ok(),
+                RateLimitAction::Drop => Tokens::Taken.then(limits.check(&self.limit_key, raw_len).is_ok()),
                 RateLimitAction::Throttle => self.wait_for_tokens(raw_len).await,
             };
-            if !allowed {
-                match limits.action {
-                    RateLimitAction::Drop => return self.reject(Rejected::RateLimited, ack),
+            if allowed != Tokens::Taken {
+                match allowed {
+                    // `drop`, or its writer's wait ended (it is told to retry).
+                    Tokens::Refused | Tokens::PastDeadline => return self.reject(Rejected::RateLimited, ack),
                     // The drain deadline passed while waiting: read, so counted as read, and
                     // given up.
-                    RateLimitAction::Throttle => {
+                    Tokens::Abandoned | Tokens::Taken => {
                         self.records += 1;
                         self.bytes += raw_len as u64;
                         return self.abandoned();
@@ -264,27 +303,35 @@ impl<'a> RecordSink<'a> {
         // This one may wait for room: the records before it go in first.
         self.flush_pending();
         let ingest = self.ingest;
-        let abandoned = {
+        let deadline = self.deadline.clone().unwrap_or_default();
+        let waited = {
             let mut push = std::pin::pin!(ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission));
             // A drop by policy is counted (and its ack refused) by the buffer.
             match futures_util::FutureExt::now_or_never(push.as_mut()) {
-                Some(_) => false,
+                Some(_) => Waited::Pushed,
                 None => tokio::select! {
                     biased;
-                    _ = ingest.abandon.cancelled() => true,
-                    _ = push => false,
+                    _ = ingest.abandon.cancelled() => Waited::Abandoned,
+                    _ = deadline.cancelled() => Waited::PastDeadline,
+                    _ = push => Waited::Pushed,
                 },
             }
         };
-        if abandoned {
-            self.abandoned();
+        match waited {
+            Waited::Pushed => {}
+            Waited::Abandoned => self.abandoned(),
+            // Its writer's wait ended (the push, and the ack in it, let go): dropped as a full
+            // buffer's wait that ran out is.
+            Waited::PastDeadline => Dropped::BlockTimeout.count(1),
         }
     }
 
     /// `throttle`: waits until the record's tokens are there, record bucket first, then byte
-    /// bucket (a record token is never charged twice). False if the drain deadline passed first.
-    async fn wait_for_tokens(&self, len: usize) -> bool {
-        let Some(limits) = &self.listener.limits else { return true };
+    /// bucket (a record token is never charged twice), or the drain deadline or the sink's own
+    /// deadline passes.
+    async fn wait_for_tokens(&self, len: usize) -> Tokens {
+        let Some(limits) = &self.listener.limits else { return Tokens::Taken };
+        let deadline = self.deadline.clone().unwrap_or_default();
         let mut counted = false;
         for bucket in [Bucket::Records, Bucket::Bytes] {
             loop {
@@ -299,11 +346,12 @@ impl<'a> RecordSink<'a> {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = self.ingest.abandon.cancelled() => return false,
+                    _ = self.ingest.abandon.cancelled() => return Tokens::Abandoned,
+                    _ = deadline.cancelled() => return Tokens::PastDeadline,
                 }
             }
         }
-        true
+        Tokens::Taken
     }
 
     /// A record read but given up at the drain deadline before it got a number (acknowledged
@@ -311,6 +359,14 @@ impl<'a> RecordSink<'a> {
     pub fn give_up(&mut self) {
         self.records += 1;
         self.abandoned();
+    }
+
+    /// A record read but never offered because its writer's wait ran out (an OTLP Export past
+    /// its `export_timeout`; the client is told to retry): counted as `block_timeout`, the wait
+    /// for buffer room that ran out.
+    pub fn timed_out(&mut self) {
+        self.records += 1;
+        Dropped::BlockTimeout.count(1);
     }
 
     /// A record given up at the drain deadline (its ack, never settled, is not acknowledged).

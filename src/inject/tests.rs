@@ -36,7 +36,10 @@ fn adds_a_native_sidecar_the_socket_and_the_volumes() {
     let sidecar = &spec["initContainers"][0];
     assert_eq!(sidecar["name"], "sluice");
     assert_eq!(sidecar["restartPolicy"], "Always");
-    assert_eq!(sidecar["env"][3]["value"], "web", "CONTAINER_NAME is the app container");
+    let env = sidecar["env"].as_sequence().expect("env");
+    let container = env.iter().find(|var| var["name"] == "CONTAINER_NAME").expect("CONTAINER_NAME");
+    assert_eq!(container["value"], "web", "CONTAINER_NAME is the app container");
+    assert!(env.iter().any(|var| var["name"] == "HOST_IP"), "HOST_IP, for the otlp listener's hostNetwork check");
     let web = &spec["containers"][0];
     assert_eq!(web["env"][0]["name"], "MODE", "the app's own env is kept");
     assert_eq!(web["env"][1]["name"], "SLUICE_SOCKET");

@@ -33,6 +33,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     ("keda", &["persister.keda.enabled=true"]),
+    ("otlp", &["sidecar.otlp.enabled=true", "sidecar.otlp.grpcPort=14317"]),
     (
         "hpa, memory buffer, secrets",
         &[

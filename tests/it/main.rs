@@ -11,6 +11,7 @@ mod in_process;
 mod ingest;
 mod lifecycle;
 mod observability;
+mod otlp;
 mod persist;
 mod pipeline;
 mod protocols;

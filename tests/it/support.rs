@@ -23,13 +23,13 @@ mod scenario;
 
 pub use acks::{AckReader, Acknowledged, Settled, open_acknowledged};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
-pub use clients::{fluent_logger, logger, python_syslog_handler};
+pub use clients::{fluent_logger, logger, python, python_syslog_handler};
 pub use load::{AckedSender, Load, assert_each_once, numbered, numbers_in, stored_numbers};
 pub use postgres::PrivatePostgres;
 pub use proxy::Proxy;
 pub use scenario::{
     Scenario, Setup, final_count, nonzero, until, until_caught_up, until_logged, until_metric, until_metric_at_least,
-    until_nothing_left, until_rows, until_rows_within, until_scrape, until_settled,
+    until_nothing_left, until_rows, until_rows_within, until_scrape, until_settled, until_within,
 };
 pub use sluice_harness::{
     Process, Services, TestConfig, WAIT, free_port, http_get, services, start_agent, start_persister, unique,

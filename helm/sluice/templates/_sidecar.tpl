@@ -48,6 +48,15 @@ where `.Values.sluice` is this chart's values block (its `sidecar`, `image`, `ka
       valueFrom:
         fieldRef:
           fieldPath: spec.nodeName
+    # An otlp listener refuses its loopback addresses where POD_IP = HOST_IP (hostNetwork).
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: HOST_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.hostIP
     - name: CONTAINER_NAME
       value: {{ $sidecar.appContainerName | quote }}
     {{- range $values.kafka.secretProperties }}

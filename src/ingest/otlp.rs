@@ -1,0 +1,874 @@
+//! The `otlp` listener: OpenTelemetry's OTLP logs, so every OpenTelemetry SDK's exporter writes to
+//! Sluice unchanged — gRPC `LogsService/Export` and HTTP `POST /v1/logs` (protobuf or JSON, gzip),
+//! on the listener's Unix socket and on pod loopback (`addresses`, by default the SDKs' own
+//! endpoints `127.0.0.1:4317` and `:4318`); every address answers both (HTTP/1.1, and HTTP/2
+//! with or without a preface).
+//!
+//! Owns: binding the loopback addresses (refused where the pod shares the node's network), the
+//! connections (hyper, one task each, within `max_connections`), reading an Export within its
+//! limits — the body pool ([`BODY_POOL_BYTES`], shared by the listener's connections), one Export
+//! decoded at a time per [`EXPORT_SLOTS`] slot, `max_message_size` as sent and inflated — and
+//! answering it in gRPC's or HTTP's terms ([`export`] decides what). gRPC is spoken here, not by
+//! tonic: a unary call is one length-prefixed message each way and a status in the trailers, and
+//! owning that reading is what bounds it (a declared length is never allocated, an inflated
+//! message stops at the cap). Must not: answer an Export before its records reached
+//! `ingest.ack_point` or were refused; hold more than the pool's bytes of request bodies; wait
+//! past the listener's `export_timeout` or the drain's deadline.
+
+use std::convert::Infallible;
+use std::io::Read as _;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use metrics::Counter;
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use prost::Message as _;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, warn};
+
+use super::{IngestContext, IngestError, ListenerContext};
+use crate::config::ListenerConfig;
+use crate::envelope::{Peer, PeerFragment};
+use crate::telemetry;
+use crate::telemetry::outcome::{ConnectionRefused, Rejected};
+
+pub mod convert;
+pub mod export;
+
+use export::{Answer, RetryWhy, Sender};
+
+/// Bytes of request bodies one `otlp` listener's connections may hold at once while they read
+/// them (never less than one `max_message_size`). A request that finds none waits, within its
+/// `export_timeout`.
+pub const BODY_POOL_BYTES: usize = 32 * 1024 * 1024;
+
+/// Exports of one listener decoded (and inflated) at once while their records go to the buffer;
+/// the others wait with only their bodies.
+pub const EXPORT_SLOTS: usize = 4;
+
+/// HTTP/2 streams a connection may have open at once (the SDKs send one Export at a time).
+const MAX_STREAMS: u32 = 16;
+
+/// HTTP/2 flow-control windows: what a connection may send that is not read yet. A connection
+/// holds at most this much unread whatever its peer declares.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 128 * 1024;
+
+/// How long a client is asked to wait before it retries (`Retry-After`, gRPC `RetryInfo`).
+const RETRY_AFTER_SECONDS: u32 = 1;
+
+/// The gRPC method OTLP/gRPC exporters call.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+
+/// The HTTP path OTLP/HTTP exporters post to.
+const HTTP_EXPORT: &str = "/v1/logs";
+
+/// Binds `config`'s loopback addresses (none for a listener without any). Refused where the pod
+/// shares the node's network, unless `allow_host_network`: there, the node's loopback is every
+/// process's on the node.
+pub fn bind_tcp(name: &str, config: &ListenerConfig) -> Result<Vec<TcpListener>, IngestError> {
+    let addresses = config.tcp_addresses();
+    if addresses.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !config.allow_host_network
+        && let Some(ip) = host_network()
+    {
+        return Err(IngestError::HostNetwork { listener: name.to_string(), ip });
+    }
+    addresses
+        .into_iter()
+        .map(|address| {
+            let bind = || -> std::io::Result<TcpListener> {
+                let socket = std::net::TcpListener::bind(address)?;
+                socket.set_nonblocking(true)?;
+                TcpListener::from_std(socket)
+            };
+            let listener = bind().map_err(|source| IngestError::BindTcp { address, source })?;
+            info!(listener = name, protocol = "otlp", %address, "listening");
+            Ok(listener)
+        })
+        .collect()
+}
+
+/// The pod's IP if it shares the node's network: the Downward API's `POD_IP` equal to `HOST_IP`
+/// (the chart and `sluice inject` set both from `status.podIP` and `status.hostIP`).
+pub fn host_network() -> Option<String> {
+    let read = |name: &str| std::env::var(name).ok();
+    shares_node_network(read("POD_IP"), read("HOST_IP"))
+}
+
+/// The pod's IP if it is the node's (both known, and equal).
+fn shares_node_network(pod_ip: Option<String>, host_ip: Option<String>) -> Option<String> {
+    let (pod, host) = (pod_ip.filter(|ip| !ip.is_empty())?, host_ip.filter(|ip| !ip.is_empty())?);
+    (pod == host).then_some(pod)
+}
+
+/// What a listener's connections share.
+struct Shared {
+    ingest: Arc<IngestContext>,
+    listener: Arc<ListenerContext>,
+    /// Request bodies being read, in bytes ([`BODY_POOL_BYTES`]).
+    bodies: Arc<Semaphore>,
+    /// Exports decoded at once ([`EXPORT_SLOTS`]).
+    slots: Arc<Semaphore>,
+    /// Connections open at once (`max_connections`, over the socket and every address).
+    connections: Arc<Semaphore>,
+    metrics: ExportMetrics,
+}
+
+/// `sluice_ingest_otlp_exports_total{listener, transport, outcome}` handles.
+struct ExportMetrics {
+    counters: Vec<((Transport, Outcome), Counter)>,
+}
+
+impl ExportMetrics {
+    fn new(listener: &str) -> Self {
+        let mut counters = Vec::new();
+        for transport in [Transport::Grpc, Transport::Http] {
+            for outcome in Outcome::ALL {
+                let labels = [
+                    ("listener", listener.to_string()),
+                    ("transport", transport.as_str().to_string()),
+                    ("outcome", outcome.as_str().to_string()),
+                ];
+                let counter = metrics::counter!(telemetry::INGEST_OTLP_EXPORTS, &labels);
+                counter.increment(0);
+                counters.push(((transport, outcome), counter));
+            }
+        }
+        Self { counters }
+    }
+
+    fn count(&self, transport: Transport, outcome: Outcome) {
+        if let Some((_, counter)) = self.counters.iter().find(|(key, _)| *key == (transport, outcome)) {
+            counter.increment(1);
+        }
+    }
+}
+
+/// How an Export came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Grpc,
+    Http,
+}
+
+impl Transport {
+    fn as_str(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Http => "http",
+        }
+    }
+}
+
+/// How an Export was answered (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Every record reached the ack point.
+    Ok,
+    /// Some records were refused for good (`partial_success`).
+    PartialSuccess,
+    /// The client was told to retry (full buffer, deadline, rate limit, the drain).
+    Retry,
+    /// The request itself was refused: too large, not OTLP, an unsupported encoding.
+    Refused,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 4] = [Outcome::Ok, Outcome::PartialSuccess, Outcome::Retry, Outcome::Refused];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::PartialSuccess => "partial_success",
+            Outcome::Retry => "retry",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+/// Serves the listener's Unix socket and loopback addresses until `stop`; each connection is a
+/// task on `tracker`, which finishes the Exports it is answering (each within its
+/// `export_timeout`) and closes.
+pub async fn serve(
+    unix: UnixListener,
+    tcp: Vec<TcpListener>,
+    listener: Arc<ListenerContext>,
+    ingest: Arc<IngestContext>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let max_message = listener.config.max_message_bytes();
+    let shared = Arc::new(Shared {
+        bodies: Arc::new(Semaphore::new(BODY_POOL_BYTES.max(max_message + 5))),
+        slots: Arc::new(Semaphore::new(EXPORT_SLOTS)),
+        connections: Arc::new(Semaphore::new(listener.config.max_connections as usize)),
+        metrics: ExportMetrics::new(&listener.name),
+        ingest,
+        listener,
+    });
+    let mut accepting = vec![tokio::spawn(accept_unix(unix, shared.clone(), tracker.clone(), stop.clone()))];
+    for socket in tcp {
+        accepting.push(tokio::spawn(accept_tcp(socket, shared.clone(), tracker.clone(), stop.clone())));
+    }
+    for task in accepting {
+        if let Err(error) = task.await {
+            warn!(%error, "an OTLP accept loop failed");
+        }
+    }
+}
+
+async fn accept_unix(socket: UnixListener, shared: Arc<Shared>, tracker: TaskTracker, stop: CancellationToken) {
+    let mut next_id = 0;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = socket.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                next_id += 1;
+                let peer = match stream.peer_cred() {
+                    Ok(cred) => Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() },
+                    Err(error) => {
+                        debug!(%error, "no peer credentials");
+                        Peer::default()
+                    }
+                };
+                if !shared.listener.admits(&peer) {
+                    shared.listener.metrics.refused(ConnectionRefused::PeerDenied);
+                    continue;
+                }
+                spawn_connection(stream, Some(peer), next_id, &shared, &tracker, &stop);
+            }
+            Err(error) => accept_failed(&shared, error).await,
+        }
+    }
+}
+
+async fn accept_tcp(socket: TcpListener, shared: Arc<Shared>, tracker: TaskTracker, stop: CancellationToken) {
+    // Numbered apart from the Unix socket's connections (rate-limit buckets are per connection).
+    let mut next_id = 1 << 62;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = socket.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                next_id += 1;
+                if let Err(error) = stream.set_nodelay(true) {
+                    debug!(%error, "could not set TCP_NODELAY");
+                }
+                spawn_connection(stream, None, next_id, &shared, &tracker, &stop);
+            }
+            Err(error) => accept_failed(&shared, error).await,
+        }
+    }
+}
+
+async fn accept_failed(shared: &Shared, error: std::io::Error) {
+    // EMFILE and friends: back off instead of spinning; the listener survives.
+    warn!(%error, listener = %shared.listener.name, "accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn spawn_connection<IO>(
+    io: IO,
+    peer: Option<Peer>,
+    id: u64,
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    stop: &CancellationToken,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(slot) = shared.connections.clone().try_acquire_owned() else {
+        shared.listener.metrics.refused(ConnectionRefused::MaxConnections);
+        return;
+    };
+    let span = tracing::info_span!("connection", listener = %shared.listener.name, id);
+    let task = connection(io, peer, id, slot, shared.clone(), stop.clone());
+    tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
+}
+
+/// One connection: HTTP/1.1 or HTTP/2, each request answered by [`handle`]; at `stop` it takes
+/// no new request (HTTP/2 `GOAWAY`) and ends once those it is answering are.
+async fn connection<IO>(
+    io: IO,
+    peer: Option<Peer>,
+    id: u64,
+    _slot: OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let listener = &shared.listener;
+    listener.metrics.accepted.increment(1);
+    listener.metrics.open.increment(1.0);
+    let limit_key = listener
+        .limits
+        .as_ref()
+        .map_or(super::limit::LimitKey::Connection(id), |limits| limits.key_for(id, peer.map_or(0, |peer| peer.uid)));
+    let service = {
+        let shared = shared.clone();
+        hyper::service::service_fn(move |request| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(handle(request, &shared, limit_key, peer).await) }
+        })
+    };
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(std::time::Duration::from_secs(30));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(16 * 1024);
+    let served = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(served);
+    let result = tokio::select! {
+        result = served.as_mut() => result,
+        _ = stop.cancelled() => {
+            served.as_mut().graceful_shutdown();
+            served.await
+        }
+    };
+    if let Err(error) = result {
+        debug!(%error, "connection ended");
+    }
+    listener.metrics.open.decrement(1.0);
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// Routes one request.
+async fn handle(
+    request: Request<Incoming>,
+    shared: &Shared,
+    limit_key: super::limit::LimitKey,
+    peer: Option<Peer>,
+) -> Response<Body> {
+    let sender = Sender { limit_key, peer: PeerFragment::new(peer) };
+    let grpc = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/grpc"));
+    match (request.method(), request.uri().path()) {
+        (&Method::POST, GRPC_EXPORT) if grpc => grpc_export(request, shared, sender).await,
+        (&Method::POST, HTTP_EXPORT) => http_export(request, shared, sender).await,
+        (_, GRPC_EXPORT | HTTP_EXPORT) => plain(StatusCode::METHOD_NOT_ALLOWED, "POST only"),
+        _ => plain(StatusCode::NOT_FOUND, "this listener serves OTLP logs: POST /v1/logs, or gRPC LogsService/Export"),
+    }
+}
+
+/// Why a request body could not be taken.
+enum BodyError {
+    /// Larger than `max_message_size`.
+    TooLarge,
+    /// The export's deadline (or the drain's) passed while reading or waiting for room.
+    Late,
+    /// The stream broke off.
+    Broken,
+}
+
+/// An Export's body, read within `limit` bytes and the listener's body pool; the permits hold its
+/// bytes' room until the Export is answered.
+async fn read_body(
+    request: Request<Incoming>,
+    limit: usize,
+    shared: &Shared,
+    deadline: &CancellationToken,
+) -> Result<(HeaderMap, Bytes, Option<OwnedSemaphorePermit>), BodyError> {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|declared| declared > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let (parts, mut body) = request.into_parts();
+    let mut buffer = BytesMut::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = shared.ingest.abandon.cancelled() => return Err(BodyError::Late),
+            _ = deadline.cancelled() => return Err(BodyError::Late),
+            frame = body.frame() => frame,
+        };
+        let Some(frame) = frame else { break };
+        let Ok(frame) = frame else { return Err(BodyError::Broken) };
+        let Ok(data) = frame.into_data() else { continue };
+        if buffer.len() + data.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        let room = tokio::select! {
+            biased;
+            _ = shared.ingest.abandon.cancelled() => return Err(BodyError::Late),
+            _ = deadline.cancelled() => return Err(BodyError::Late),
+            // The pool is never closed; a frame is at most `limit` (< the pool) bytes.
+            room = shared.bodies.clone().acquire_many_owned(data.len() as u32) => room.ok(),
+        };
+        match (&mut held, room) {
+            (Some(held), Some(room)) => held.merge(room),
+            (held, room) => *held = room,
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok((parts.headers, buffer.freeze(), held))
+}
+
+/// An Export's decoded request, or why it has none.
+enum Decoded {
+    Request(ExportLogsServiceRequest),
+    TooLarge,
+    Malformed(String),
+    Unsupported(String),
+}
+
+/// Inflates `bytes` (gzip) up to `limit`; more is `TooLarge` (a compression bomb stops here).
+fn inflate(bytes: &[u8], limit: usize) -> Result<Vec<u8>, Decoded> {
+    let mut inflated = Vec::new();
+    let mut reader = flate2::read::GzDecoder::new(bytes).take(limit as u64 + 1);
+    match reader.read_to_end(&mut inflated) {
+        Ok(_) if inflated.len() > limit => Err(Decoded::TooLarge),
+        Ok(_) => Ok(inflated),
+        Err(error) => Err(Decoded::Malformed(format!("gzip: {error}"))),
+    }
+}
+
+/// The decoded request of a protobuf or JSON body, counted `too_large` or `malformed` if it
+/// cannot be had.
+fn decode(bytes: &[u8], json: bool, listener: &ListenerContext) -> Decoded {
+    let decoded = if json {
+        serde_json::from_slice::<ExportLogsServiceRequest>(bytes).map_err(|error| format!("OTLP/JSON: {error}"))
+    } else {
+        ExportLogsServiceRequest::decode(bytes).map_err(|error| format!("OTLP protobuf: {error}"))
+    };
+    match decoded {
+        Ok(request) => Decoded::Request(request),
+        Err(error) => {
+            listener.metrics.rejected(Rejected::Malformed);
+            Decoded::Malformed(error)
+        }
+    }
+}
+
+/// Waits for one of the listener's export slots, within the deadline.
+async fn export_slot(shared: &Shared, deadline: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+    tokio::select! {
+        biased;
+        _ = shared.ingest.abandon.cancelled() => None,
+        _ = deadline.cancelled() => None,
+        slot = shared.slots.clone().acquire_owned() => slot.ok(),
+    }
+}
+
+/// A token cancelled once `export_timeout` has passed, and the timer behind it (aborted when
+/// the handle goes, with the Export).
+fn deadline(listener: &ListenerContext) -> (CancellationToken, tokio_util::task::AbortOnDropHandle<()>) {
+    let token = CancellationToken::new();
+    let timer = token.clone();
+    let after = listener.config.export_timeout;
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        timer.cancel();
+    });
+    (token, tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+// ---- OTLP/HTTP
+
+async fn http_export(request: Request<Incoming>, shared: &Shared, sender: Sender) -> Response<Body> {
+    let listener = &shared.listener;
+    let metrics = &shared.metrics;
+    let content_type = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).unwrap_or("");
+    let json = match content_type.split(';').next().unwrap_or("").trim() {
+        "application/x-protobuf" | "application/protobuf" => false,
+        "application/json" => true,
+        other => {
+            metrics.count(Transport::Http, Outcome::Refused);
+            listener.metrics.rejected(Rejected::Malformed);
+            return plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &format!("content type `{other}`: OTLP/HTTP is application/x-protobuf or application/json"),
+            );
+        }
+    };
+    let (deadline, _timer) = deadline(listener);
+    let limit = listener.config.max_message_bytes();
+    let (headers, body, _room) = match read_body(request, limit, shared, &deadline).await {
+        Ok(read) => read,
+        Err(error) => return http_body_error(error, shared),
+    };
+    let wire_len = body.len();
+    let Some(_slot) = export_slot(shared, &deadline).await else {
+        metrics.count(Transport::Http, Outcome::Retry);
+        return http_retry(StatusCode::SERVICE_UNAVAILABLE, "busy: no export slot within export_timeout");
+    };
+    let encoding = headers.get(CONTENT_ENCODING).and_then(|value| value.to_str().ok()).unwrap_or("identity");
+    let inflated;
+    let bytes: &[u8] = match encoding {
+        "gzip" => match inflate(&body, limit) {
+            Ok(bytes) => {
+                inflated = bytes;
+                &inflated
+            }
+            Err(refused) => return http_refused(refused, json, shared),
+        },
+        "identity" | "" => &body,
+        other => {
+            return http_refused(
+                Decoded::Unsupported(format!("content encoding `{other}`: gzip or none")),
+                json,
+                shared,
+            );
+        }
+    };
+    let request = match decode(bytes, json, listener) {
+        Decoded::Request(request) => request,
+        refused => return http_refused(refused, json, shared),
+    };
+    let answer = export::export(&request, wire_len, &shared.ingest, listener, sender, &deadline).await;
+    drop(request);
+    match answer {
+        Answer::Done { rejected, message } => {
+            let outcome = if rejected == 0 { Outcome::Ok } else { Outcome::PartialSuccess };
+            metrics.count(Transport::Http, outcome);
+            let response = response_message(rejected, message);
+            let body = if json { serde_json::to_vec(&response).unwrap_or_default() } else { response.encode_to_vec() };
+            let content_type = if json { "application/json" } else { "application/x-protobuf" };
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(CONTENT_TYPE, content_type)
+                .body(full(body))
+                .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "response"))
+        }
+        Answer::Retry { why, message } => {
+            metrics.count(Transport::Http, Outcome::Retry);
+            let status = match why {
+                RetryWhy::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                RetryWhy::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            };
+            http_retry(status, &message)
+        }
+    }
+}
+
+fn response_message(rejected: u64, message: String) -> ExportLogsServiceResponse {
+    ExportLogsServiceResponse {
+        partial_success: (rejected > 0).then(|| ExportLogsPartialSuccess {
+            rejected_log_records: i64::try_from(rejected).unwrap_or(i64::MAX),
+            error_message: message,
+        }),
+    }
+}
+
+fn http_body_error(error: BodyError, shared: &Shared) -> Response<Body> {
+    match error {
+        BodyError::TooLarge => {
+            shared.listener.metrics.rejected(Rejected::TooLarge);
+            shared.metrics.count(Transport::Http, Outcome::Refused);
+            plain(StatusCode::PAYLOAD_TOO_LARGE, "larger than max_message_size")
+        }
+        BodyError::Late => {
+            shared.metrics.count(Transport::Http, Outcome::Retry);
+            http_retry(StatusCode::SERVICE_UNAVAILABLE, "the body did not arrive within export_timeout")
+        }
+        BodyError::Broken => {
+            shared.metrics.count(Transport::Http, Outcome::Refused);
+            plain(StatusCode::BAD_REQUEST, "the body broke off")
+        }
+    }
+}
+
+fn http_refused(refused: Decoded, _json: bool, shared: &Shared) -> Response<Body> {
+    shared.metrics.count(Transport::Http, Outcome::Refused);
+    match refused {
+        Decoded::TooLarge => {
+            shared.listener.metrics.rejected(Rejected::TooLarge);
+            plain(StatusCode::PAYLOAD_TOO_LARGE, "larger than max_message_size once inflated")
+        }
+        Decoded::Malformed(error) => plain(StatusCode::BAD_REQUEST, &error),
+        Decoded::Unsupported(error) => {
+            shared.listener.metrics.rejected(Rejected::Malformed);
+            plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, &error)
+        }
+        Decoded::Request(_) => plain(StatusCode::INTERNAL_SERVER_ERROR, "decoded"),
+    }
+}
+
+fn http_retry(status: StatusCode, message: &str) -> Response<Body> {
+    let mut response = plain(status, message);
+    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+    response
+}
+
+fn full(bytes: Vec<u8>) -> Body {
+    Full::new(Bytes::from(bytes)).boxed()
+}
+
+fn plain(status: StatusCode, message: &str) -> Response<Body> {
+    let mut response = Response::new(full(format!("{message}\n").into_bytes()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+// ---- OTLP/gRPC
+
+/// gRPC status codes used here.
+#[derive(Debug, Clone, Copy)]
+enum Code {
+    Ok = 0,
+    InvalidArgument = 3,
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Unavailable = 14,
+}
+
+async fn grpc_export(request: Request<Incoming>, shared: &Shared, sender: Sender) -> Response<Body> {
+    let listener = &shared.listener;
+    let metrics = &shared.metrics;
+    let (deadline, _timer) = deadline(listener);
+    let limit = listener.config.max_message_bytes();
+    // One message: its 5-byte prefix and at most `limit` bytes.
+    let (headers, body, _room) = match read_body(request, limit + 5, shared, &deadline).await {
+        Ok(read) => read,
+        Err(BodyError::TooLarge) => {
+            listener.metrics.rejected(Rejected::TooLarge);
+            metrics.count(Transport::Grpc, Outcome::Refused);
+            return grpc_status(Code::ResourceExhausted, "message larger than max_message_size", false);
+        }
+        Err(BodyError::Late) => {
+            metrics.count(Transport::Grpc, Outcome::Retry);
+            return grpc_status(Code::Unavailable, "the message did not arrive within export_timeout", true);
+        }
+        Err(BodyError::Broken) => {
+            metrics.count(Transport::Grpc, Outcome::Refused);
+            return grpc_status(Code::InvalidArgument, "the request broke off", false);
+        }
+    };
+    let (compressed, message) = match unframe(&body) {
+        Ok(framed) => framed,
+        Err(error) => {
+            listener.metrics.rejected(Rejected::Malformed);
+            metrics.count(Transport::Grpc, Outcome::Refused);
+            return grpc_status(Code::InvalidArgument, error, false);
+        }
+    };
+    let Some(_slot) = export_slot(shared, &deadline).await else {
+        metrics.count(Transport::Grpc, Outcome::Retry);
+        return grpc_status(Code::Unavailable, "busy: no export slot within export_timeout", true);
+    };
+    let inflated;
+    let bytes: &[u8] = if compressed {
+        let encoding = headers.get("grpc-encoding").and_then(|value| value.to_str().ok()).unwrap_or("identity");
+        if encoding != "gzip" {
+            listener.metrics.rejected(Rejected::Malformed);
+            metrics.count(Transport::Grpc, Outcome::Refused);
+            return grpc_status(Code::Unimplemented, "grpc-encoding: gzip or identity", false);
+        }
+        match inflate(message, limit) {
+            Ok(bytes) => {
+                inflated = bytes;
+                &inflated
+            }
+            Err(refused) => return grpc_refused(refused, shared),
+        }
+    } else {
+        message
+    };
+    let request = match decode(bytes, false, listener) {
+        Decoded::Request(request) => request,
+        refused => return grpc_refused(refused, shared),
+    };
+    let answer = export::export(&request, body.len(), &shared.ingest, listener, sender, &deadline).await;
+    drop(request);
+    match answer {
+        Answer::Done { rejected, message } => {
+            let outcome = if rejected == 0 { Outcome::Ok } else { Outcome::PartialSuccess };
+            metrics.count(Transport::Grpc, outcome);
+            let message = response_message(rejected, message).encode_to_vec();
+            let mut framed = Vec::with_capacity(message.len() + 5);
+            framed.push(0);
+            framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&message);
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from(Code::Ok as i32));
+            let frames = [Ok::<_, Infallible>(Frame::data(Bytes::from(framed))), Ok(Frame::trailers(trailers))];
+            let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
+            let mut response = Response::new(body);
+            grpc_headers(response.headers_mut());
+            response
+        }
+        Answer::Retry { why, message } => {
+            metrics.count(Transport::Grpc, Outcome::Retry);
+            let code = match why {
+                RetryWhy::Unavailable => Code::Unavailable,
+                RetryWhy::RateLimited => Code::ResourceExhausted,
+            };
+            grpc_status(code, &message, true)
+        }
+    }
+}
+
+/// The one message of a unary request: its compressed flag and bytes.
+fn unframe(body: &[u8]) -> Result<(bool, &[u8]), &'static str> {
+    let Some((prefix, message)) = body.split_first_chunk::<5>() else {
+        return Err("no gRPC message");
+    };
+    let declared = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if declared != message.len() {
+        return Err("a unary call carries one gRPC message, whole");
+    }
+    match prefix[0] {
+        0 => Ok((false, message)),
+        1 => Ok((true, message)),
+        _ => Err("gRPC message flag is neither 0 nor 1"),
+    }
+}
+
+fn grpc_refused(refused: Decoded, shared: &Shared) -> Response<Body> {
+    shared.metrics.count(Transport::Grpc, Outcome::Refused);
+    match refused {
+        Decoded::TooLarge => {
+            shared.listener.metrics.rejected(Rejected::TooLarge);
+            grpc_status(Code::ResourceExhausted, "message larger than max_message_size once inflated", false)
+        }
+        Decoded::Malformed(error) => grpc_status(Code::InvalidArgument, &error, false),
+        Decoded::Unsupported(error) => grpc_status(Code::Unimplemented, &error, false),
+        Decoded::Request(_) => grpc_status(Code::InvalidArgument, "decoded", false),
+    }
+}
+
+fn grpc_headers(headers: &mut HeaderMap) {
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static("gzip,identity"));
+}
+
+/// A trailers-only gRPC answer: the status in the headers, no message; `retry` adds `RetryInfo`
+/// (`grpc-status-details-bin`), which the SDKs read for their next attempt.
+fn grpc_status(code: Code, message: &str, retry: bool) -> Response<Body> {
+    let mut response = Response::new(Empty::new().boxed());
+    let headers = response.headers_mut();
+    grpc_headers(headers);
+    headers.insert("grpc-status", HeaderValue::from(code as i32));
+    if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
+        headers.insert("grpc-message", value);
+    }
+    if retry {
+        use base64::Engine as _;
+        let details = RpcStatus {
+            code: code as i32,
+            message: message.to_string(),
+            details: vec![ProtoAny {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                value: RetryInfo { retry_delay: Some(ProtoDuration { seconds: RETRY_AFTER_SECONDS.into(), nanos: 0 }) }
+                    .encode_to_vec(),
+            }],
+        };
+        let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details.encode_to_vec());
+        if let Ok(value) = HeaderValue::from_str(&encoded) {
+            headers.insert("grpc-status-details-bin", value);
+        }
+    }
+    response
+}
+
+/// gRPC's `grpc-message` encoding: printable ASCII but `%` as is, the rest percent-encoded.
+fn percent_encode(message: &str) -> String {
+    let mut encoded = String::with_capacity(message.len());
+    for byte in message.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// `google.rpc.Status`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<ProtoAny>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `google.rpc.RetryInfo`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<ProtoDuration>,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_shares_the_node_network_only_when_its_ip_is_the_nodes() {
+        let ip = |text: &str| Some(text.to_string());
+        assert_eq!(shares_node_network(ip("10.0.0.5"), ip("10.0.0.5")), ip("10.0.0.5"));
+        assert_eq!(shares_node_network(ip("10.1.2.3"), ip("10.0.0.5")), None, "a pod network");
+        assert_eq!(shares_node_network(None, ip("10.0.0.5")), None, "unknown: not refused (outside Kubernetes)");
+        assert_eq!(shares_node_network(ip(""), ip("")), None);
+    }
+
+    #[test]
+    fn a_unary_grpc_body_is_one_whole_message() {
+        assert_eq!(unframe(&[0, 0, 0, 0, 2, 7, 8]), Ok((false, &[7u8, 8][..])));
+        assert_eq!(unframe(&[1, 0, 0, 0, 0]), Ok((true, &[][..])));
+        assert!(unframe(&[0, 0xff, 0xff, 0xff, 0xff, 1]).is_err(), "a declared length is checked, never allocated");
+        assert!(unframe(&[0, 0, 0, 0, 1, 7, 8]).is_err(), "two messages, or trailing bytes");
+        assert!(unframe(&[2, 0, 0, 0, 0]).is_err());
+        assert!(unframe(&[0, 0]).is_err());
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(percent_encode("too_large 1, 100%"), "too_large 1, 100%25");
+        assert_eq!(percent_encode("é\n"), "%C3%A9%0A");
+    }
+}
