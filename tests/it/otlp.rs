@@ -1,5 +1,5 @@
-//! The `otlp` listener against the real stack: stock OpenTelemetry SDK exporters (Python over
-//! gRPC and HTTP on loopback, Go over gRPC on the Unix socket) land rows with their trace ids;
+//! The `otlp` listener against the real stack: stock OpenTelemetry SDK exporters (Python and Java
+//! over gRPC and HTTP on loopback, Go over gRPC on the Unix socket) land rows with their trace ids;
 //! an Export is answered only once its records are delivered, refusals come back as a partial
 //! success the SDK reports, an Export that cannot be made safe in time is told to retry (with
 //! `RetryInfo` / `Retry-After`), the SDK's retry carries records over an agent that was down,
@@ -48,6 +48,31 @@ fn go_sdk(dir: &Path) -> PathBuf {
         .expect("run go build");
     assert!(output.status.success(), "go build failed:\n{}", String::from_utf8_lossy(&output.stderr));
     binary
+}
+
+/// The Java SDK program (tests/otlp/java), compiled into `dir`: a command running it with `kind`
+/// (`grpc` or `http`), `endpoint` and `count`.
+fn java_sdk(dir: &Path, kind: &str, endpoint: &str, count: usize) -> std::process::Command {
+    let build = dir.join("otlp-java");
+    let classpath = build.join("classpath.txt");
+    if !classpath.exists() {
+        let output = std::process::Command::new("mvn")
+            .args(["-B", "-ntp", "-q", "compile", "dependency:build-classpath"])
+            .arg(format!("-Dotlp.build={}", build.display()))
+            .arg(format!("-Dmdep.outputFile={}", classpath.display()))
+            .current_dir(source_path("tests/otlp/java"))
+            .output()
+            .expect("run mvn");
+        assert!(output.status.success(), "mvn failed:\n{}", String::from_utf8_lossy(&output.stdout));
+    }
+    let dependencies = std::fs::read_to_string(&classpath).expect("the classpath");
+    let mut command = std::process::Command::new("java");
+    command
+        .arg("-cp")
+        .arg(format!("{}:{}", build.join("classes").display(), dependencies.trim()))
+        .arg("dev.sluice.otlptest.Export")
+        .args([kind, endpoint, &count.to_string()]);
+    command
 }
 
 fn run(mut command: std::process::Command, what: &str) -> String {
@@ -158,7 +183,7 @@ fn grpc_frame(message: &[u8]) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stock_sdks_deliver_rows_with_trace_ids_over_grpc_http_and_the_unix_socket() {
+async fn stock_python_java_and_go_sdks_deliver_rows_with_trace_ids_over_grpc_http_and_the_unix_socket() {
     let mut addresses = None;
     let pipeline = Scenario::new("otlp_sdks").with(|config| addresses = Some(otlp_listener(config))).pipeline().await;
     let (socket, grpc, http) = addresses.expect("listener");
@@ -171,8 +196,12 @@ async fn stock_sdks_deliver_rows_with_trace_ids_over_grpc_http_and_the_unix_sock
     command.arg(format!("unix://{}", socket.display())).arg("20");
     let go_out = run(command, "the Go SDK over the Unix socket");
     assert!(!go_out.contains("error:"), "the Go SDK reported an error:\n{go_out}");
+    let java = java_sdk(config.dir.path(), "grpc", &format!("http://{grpc}"), 10);
+    assert!(run(java, "the Java SDK over gRPC").contains("flushed"));
+    let java = java_sdk(config.dir.path(), "http", &format!("http://{http}/v1/logs"), 10);
+    assert!(run(java, "the Java SDK over HTTP").contains("flushed"));
 
-    until_rows(db, 60).await;
+    until_rows(db, 80).await;
     let trace_id =
         |out: &str| out.lines().find_map(|line| line.strip_prefix("trace_id ")).expect("a trace id").to_string();
     let rows = db
@@ -183,7 +212,7 @@ async fn stock_sdks_deliver_rows_with_trace_ids_over_grpc_http_and_the_unix_sock
         )
         .await
         .expect("rows");
-    assert_eq!(rows.len(), 60, "each record once");
+    assert_eq!(rows.len(), 80, "each record once");
     for row in &rows {
         let message: String = row.get(0);
         let level: String = row.get(1);
@@ -197,15 +226,18 @@ async fn stock_sdks_deliver_rows_with_trace_ids_over_grpc_http_and_the_unix_sock
                 trace == Some(trace_id(&grpc_out)) || trace == Some(trace_id(&http_out)),
                 "{message}: trace id {trace:?}"
             );
+        } else if message.starts_with("java") {
+            assert_eq!(row.get::<_, Option<String>>(3).as_deref(), Some("otlp-java"));
+            assert_eq!(trace.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
         } else {
             assert!(message.starts_with("go otlp"), "{message}");
             assert_eq!(trace.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         }
     }
     let metrics = scrape(config.agent_admin()).await;
-    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "otlp")]), 60.0);
-    assert!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("transport", "grpc"), ("outcome", "ok")]) >= 2.0);
-    assert!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("transport", "http"), ("outcome", "ok")]) >= 1.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "otlp")]), 80.0);
+    assert!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("transport", "grpc"), ("outcome", "ok")]) >= 3.0);
+    assert!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("transport", "http"), ("outcome", "ok")]) >= 2.0);
     assert_eq!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("outcome", "retry")]), 0.0);
 }
 
