@@ -142,6 +142,7 @@ pub async fn run(
         acks: AckBudget::new(ack_limit(&config), ACK_WINDOW),
         read_pool: ingest::read_pool(&config.ingest),
         inflations: Arc::new(tokio::sync::Semaphore::new(ingest::MAX_INFLATIONS)),
+        multiline_pool: Arc::new(tokio::sync::Semaphore::new(ingest::multiline::MULTILINE_POOL_BYTES)),
     });
 
     // ---- Spawn: every task under `tasks`.

@@ -31,7 +31,8 @@ mod ship;
 pub use self::agent::AgentConfig;
 pub use self::buffer::{BufferConfig, BufferKind, Fsync, MIN_BUFFER_BYTES, MIN_DISK_BYTES, WhenFull};
 pub use self::ingest::{
-    AckPoint, IngestConfig, ListenerConfig, Protocol, RateLimitAction, RateLimitConfig, RateLimitKey, Transport,
+    AckPoint, IngestConfig, ListenerConfig, MultilineConfig, MultilinePreset, Protocol, RateLimitAction,
+    RateLimitConfig, RateLimitKey, Transport,
 };
 pub use self::kafka::KafkaConfig;
 pub use self::log::{LogConfig, LogFormat};

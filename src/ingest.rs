@@ -36,6 +36,7 @@ pub mod datagram;
 pub mod forward;
 pub mod framing;
 pub mod limit;
+pub mod multiline;
 pub mod otlp;
 pub mod paced;
 pub mod record;
@@ -143,6 +144,9 @@ pub struct IngestContext {
     pub read_pool: Arc<ReadPool>,
     /// Slots for compressed Forward messages held inflated ([`MAX_INFLATIONS`]).
     pub inflations: Arc<Semaphore>,
+    /// Room, in bytes, for the records `multiline` listeners' connections are joining
+    /// ([`multiline::MULTILINE_POOL_BYTES`]).
+    pub multiline_pool: Arc<Semaphore>,
 }
 
 /// Compressed Forward messages the agent holds inflated at once (each at most its listener's
@@ -310,6 +314,8 @@ pub struct ListenerContext {
     pub metrics: ListenerMetrics,
     /// Its rate limits, if any.
     pub limits: Option<limit::Limits>,
+    /// Its multiline rule, compiled.
+    pub multiline: Option<Arc<multiline::Rule>>,
 }
 
 impl ListenerContext {
@@ -320,6 +326,16 @@ impl ListenerContext {
             protocol: config.protocol,
             config: config.clone(),
             limits: config.rate_limit.as_ref().map(limit::Limits::new),
+            multiline: config.multiline.as_ref().and_then(|multiline| {
+                match multiline::Rule::new(multiline, config.max_record_size) {
+                    Ok(rule) => Some(Arc::new(rule)),
+                    // Validated at load: not reached.
+                    Err(error) => {
+                        warn!(%error, listener = name, "multiline rule does not compile; lines are not joined");
+                        None
+                    }
+                }
+            }),
             metrics,
         }
     }
@@ -357,6 +373,8 @@ pub struct ListenerMetrics {
     pub throttled: Counter,
     /// Bytes held unread in read buffers.
     pub read_buffer_bytes: Gauge,
+    /// Lines joined to the record before them (`multiline`).
+    pub lines_joined: Counter,
 }
 
 impl ListenerMetrics {
@@ -369,6 +387,12 @@ impl ListenerMetrics {
             metrics::counter!(telemetry::INGEST_REFUSED, &with_reason(&labels, reason.as_str())).increment(0);
         }
         metrics::counter!(telemetry::INGEST_IDLE_CLOSED, &labels).increment(0);
+        if protocol == Protocol::Lines {
+            for split in multiline::Split::ALL {
+                metrics::counter!(telemetry::INGEST_RECORDS_SPLIT, &with_reason(&labels, split.as_str())).increment(0);
+            }
+            metrics::counter!(telemetry::INGEST_LINES_JOINED, &labels).increment(0);
+        }
         Self {
             accepted: metrics::counter!(telemetry::INGEST_CONNECTIONS, &labels),
             open: metrics::gauge!(telemetry::INGEST_CONNECTIONS_OPEN, &labels),
@@ -376,6 +400,7 @@ impl ListenerMetrics {
             bytes: metrics::counter!(telemetry::INGEST_BYTES, &labels),
             throttled: metrics::counter!(telemetry::INGEST_THROTTLED, &labels),
             read_buffer_bytes: metrics::gauge!(telemetry::INGEST_READ_BUFFER_BYTES, &labels),
+            lines_joined: metrics::counter!(telemetry::INGEST_LINES_JOINED, &labels),
             labels,
         }
     }
@@ -383,6 +408,11 @@ impl ListenerMetrics {
     /// Counts a refused record.
     pub fn rejected(&self, reason: Rejected) {
         metrics::counter!(telemetry::INGEST_REJECTED, &with_reason(&self.labels, reason.as_str())).increment(1);
+    }
+
+    /// Counts a record a multiline limit split.
+    pub fn split(&self, split: multiline::Split) {
+        metrics::counter!(telemetry::INGEST_RECORDS_SPLIT, &with_reason(&self.labels, split.as_str())).increment(1);
     }
 
     /// Counts a refused connection.

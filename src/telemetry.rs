@@ -39,6 +39,11 @@ pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
 pub const INGEST_THROTTLED: &str = "sluice_ingest_records_throttled_total";
 /// Bytes read from connections and not yet turned into records.
 pub const INGEST_READ_BUFFER_BYTES: &str = "sluice_ingest_read_buffer_bytes";
+/// Lines a `multiline` listener joined to the record before them.
+pub const INGEST_LINES_JOINED: &str = "sluice_ingest_lines_joined_total";
+/// Records a multiline limit cut before their rule ended them, by `reason` (`max_lines`,
+/// `max_bytes`, `pool`).
+pub const INGEST_RECORDS_SPLIT: &str = "sluice_ingest_records_split_total";
 /// OTLP Exports answered, by `transport` (`grpc`, `http`) and `outcome` (`ok`,
 /// `partial_success`, `retry`, `refused`).
 pub const INGEST_OTLP_EXPORTS: &str = "sluice_ingest_otlp_exports_total";
@@ -274,6 +279,8 @@ fn describe_all() {
     describe_counter!(INGEST_REJECTED, "Records refused at the socket, by reason.");
     describe_counter!(INGEST_THROTTLED, "Records that waited for their rate limit.");
     describe_gauge!(INGEST_READ_BUFFER_BYTES, Unit::Bytes, "Bytes read from connections, not yet records.");
+    describe_counter!(INGEST_LINES_JOINED, "Lines joined to the record before them (multiline).");
+    describe_counter!(INGEST_RECORDS_SPLIT, "Records a multiline limit cut, by reason.");
     describe_counter!(INGEST_OTLP_EXPORTS, "OTLP Exports answered, by transport and outcome.");
     describe_gauge!(BUFFER_RECORDS, "Records held until Kafka acknowledges them.");
     describe_gauge!(BUFFER_BYTES, Unit::Bytes, "Bytes held until Kafka acknowledges them.");

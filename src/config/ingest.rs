@@ -178,6 +178,61 @@ pub struct ListenerConfig {
     /// `"8s"`.
     #[serde(with = "humantime_serde")]
     pub export_timeout: Duration,
+    /// `lines` only: join continuation lines into one record (stack traces). Unset: one record
+    /// per line.
+    pub multiline: Option<MultilineConfig>,
+}
+
+/// `[ingest.listeners.NAME.multiline]`: which lines continue the record before them. Exactly
+/// one of `preset`, `start` and `continuation`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MultilineConfig {
+    /// `"java"` (exceptions, `Caused by:`, frames: every JVM logger's stack trace), `"python"`
+    /// (tracebacks, chained ones too, after the message `logging.exception` writes), `"go"`
+    /// (panics and `fatal error:` with their goroutines).
+    pub preset: Option<MultilinePreset>,
+    /// A regular expression (the `regex` crate's: linear time): a line matching it begins a
+    /// record; every other line continues the record before it.
+    pub start: Option<String>,
+    /// A regular expression: a line matching it continues the record before it; every other
+    /// line begins a record.
+    pub continuation: Option<String>,
+    /// Most lines in one record; the next line then begins a record of its own (counted in
+    /// `sluice_ingest_records_split_total{reason="max_lines"}`). Default `500`.
+    pub max_lines: u32,
+    /// Most bytes in one record (at most the listener's `max_record_size`); likewise cut
+    /// (`reason="max_bytes"`). Unset: `256 KiB`, or `max_record_size` if smaller.
+    pub max_bytes: Option<ByteSize>,
+    /// A record whose next line has not come after this long is handed on (the last record of
+    /// a burst is not held). Default `"1s"`.
+    #[serde(with = "humantime_serde")]
+    pub flush_timeout: Duration,
+}
+
+impl Default for MultilineConfig {
+    fn default() -> Self {
+        Self {
+            preset: None,
+            start: None,
+            continuation: None,
+            max_lines: 500,
+            max_bytes: None,
+            flush_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `multiline.preset`: a language's stack traces.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MultilinePreset {
+    /// JVM exceptions.
+    Java,
+    /// Python tracebacks.
+    Python,
+    /// Go panics.
+    Go,
 }
 
 /// The loopback addresses an `otlp` listener serves when `addresses` is unset: the OpenTelemetry
@@ -209,6 +264,7 @@ impl Default for ListenerConfig {
             allow_host_network: false,
             max_message_size: ByteSize::b(OTLP_DEFAULT_MESSAGE_SIZE),
             export_timeout: OTLP_DEFAULT_EXPORT_TIMEOUT,
+            multiline: None,
         }
     }
 }
@@ -353,6 +409,38 @@ impl ListenerConfig {
     }
 }
 
+impl MultilineConfig {
+    /// `max_bytes` for a listener whose records are at most `max_record_size`.
+    pub fn max_bytes(&self, max_record_size: ByteSize) -> usize {
+        let max = self.max_bytes.unwrap_or(ByteSize::kib(256).min(max_record_size));
+        usize::try_from(max.as_u64()).unwrap_or(usize::MAX)
+    }
+
+    fn validate(&self, at: &At<'_>, max_record_size: ByteSize) -> Result<(), ConfigError> {
+        let rules = [self.preset.is_some(), self.start.is_some(), self.continuation.is_some()];
+        if rules.iter().filter(|set| **set).count() != 1 {
+            return Err(at.invalid("preset", "set exactly one of preset, start and continuation"));
+        }
+        for (key, pattern) in [("start", &self.start), ("continuation", &self.continuation)] {
+            if let Some(pattern) = pattern
+                && let Err(error) = regex::bytes::RegexBuilder::new(pattern).size_limit(1 << 20).build()
+            {
+                return Err(at.invalid(key, format!("not a regular expression the regex crate takes: {error}")));
+            }
+        }
+        if self.max_lines < 2 {
+            return Err(at.invalid("max_lines", "must be at least 2 (1 joins nothing)"));
+        }
+        if self.max_bytes.is_some_and(|max| max.as_u64() < 64 || max > max_record_size) {
+            return Err(at.invalid("max_bytes", "must be between 64 B and the listener's max_record_size"));
+        }
+        if !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&self.flush_timeout) {
+            return Err(at.invalid("flush_timeout", "must be between 10ms and 60s"));
+        }
+        Ok(())
+    }
+}
+
 /// Highest rate a limit may name (governor counts in nanoseconds per token).
 const MAX_RATE: u64 = 1_000_000_000;
 
@@ -437,6 +525,12 @@ impl ListenerConfig {
             return Err(at.invalid("max_connections", "must be at least 1"));
         }
         self.validate_otlp(at)?;
+        if let Some(multiline) = &self.multiline {
+            if self.protocol != Protocol::Lines {
+                return Err(at.invalid("multiline", "applies to protocol = \"lines\" only"));
+            }
+            multiline.validate(&at.within("multiline"), self.max_record_size)?;
+        }
         if self.read_interval > MAX_READ_INTERVAL {
             return Err(at.invalid(
                 "read_interval",

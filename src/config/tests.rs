@@ -120,6 +120,34 @@ fn otlp_keys_apply_to_otlp_listeners_only_and_serve_loopback_alone() {
 }
 
 #[test]
+fn a_multiline_rule_is_one_compiling_pattern_or_preset_within_the_record_limit() {
+    let key = |rule: &str| {
+        invalid_key(&format!("[ingest.listeners.a]\nsocket = \"/s/a\"\n[ingest.listeners.a.multiline]\n{rule}"))
+    };
+    assert_eq!(key(""), "ingest.listeners.a.multiline.preset", "one rule is needed");
+    assert_eq!(key("preset = \"java\"\nstart = \"^x\"\n"), "ingest.listeners.a.multiline.preset", "only one");
+    assert_eq!(key("start = \"(unclosed\"\n"), "ingest.listeners.a.multiline.start");
+    assert_eq!(key("continuation = \"(?<=look-behind)\"\n"), "ingest.listeners.a.multiline.continuation");
+    assert_eq!(key("preset = \"java\"\nmax_lines = 1\n"), "ingest.listeners.a.multiline.max_lines");
+    assert_eq!(key("preset = \"java\"\nmax_bytes = \"2 MiB\"\n"), "ingest.listeners.a.multiline.max_bytes");
+    assert_eq!(key("preset = \"java\"\nflush_timeout = \"0s\"\n"), "ingest.listeners.a.multiline.flush_timeout");
+    assert_eq!(
+        invalid_key("[ingest.listeners.a]\nprotocol = \"syslog\"\n[ingest.listeners.a.multiline]\npreset = \"go\"\n"),
+        "ingest.listeners.a.multiline"
+    );
+    let config = Config::from_toml(
+        "[ingest.listeners.a]\nmax_record_size = \"64 KiB\"\n[ingest.listeners.a.multiline]\npreset = \"python\"\n",
+    )
+    .expect("valid");
+    let multiline = config.ingest.listeners["a"].multiline.as_ref().expect("multiline");
+    assert_eq!(
+        multiline.max_bytes(config.ingest.listeners["a"].max_record_size),
+        64 * 1024,
+        "never past the record limit"
+    );
+}
+
+#[test]
 fn the_example_configs_in_the_repository_are_valid() {
     // The production-shaped examples in config/examples need their Secret's variable; tests/it/cli.rs
     // checks them with `sluice check-config` and the variable set.

@@ -147,6 +147,10 @@ pub async fn serve(
             None => frames.next().now_or_never(),
         };
         if ready.is_none() {
+            if draining || read_shut {
+                // No record waits for a continuation while the connection drains.
+                sink.flush_multiline().await;
+            }
             // Nothing more to read right now: publish the counts and let a burst's room go
             // before waiting.
             sink.waiting();
@@ -181,8 +185,14 @@ pub async fn serve(
                 }
             };
             let overstayed = overstayed(&ingest.read_pool, &progress, tokio::time::Instant::now());
+            let multiline_due = sink.multiline_due();
             tokio::select! {
                 biased;
+                _ = tokio::time::sleep_until(multiline_due.unwrap_or_else(tokio::time::Instant::now)), if multiline_due.is_some() => {
+                    // The record being joined waited flush_timeout for its next line.
+                    sink.flush_multiline().await;
+                    continue;
+                }
                 _ = overstayed, if room.held() => {
                     // Its bytes stopped coming while another connection waits for the room it
                     // holds: the record is given up (the rest of it skipped as it arrives), the
@@ -376,6 +386,8 @@ pub async fn serve(
             }
         }
     }
+    // The record being joined is whole: its lines all ended.
+    sink.flush_multiline().await;
     if cut_short {
         let (buffer, framer) = {
             let parts = frames.into_parts();

@@ -105,6 +105,8 @@ pub struct RecordSink<'a> {
     /// would wait past it for buffer room or a rate limit is refused (`block_timeout`,
     /// `rate_limited`) instead, and its writer told to retry. None: only the drain deadline.
     deadline: Option<CancellationToken>,
+    /// The record being joined from continuation lines (`multiline`; `lines` listeners).
+    multiline: Option<super::multiline::Joiner>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
     records: u64,
     bytes: u64,
@@ -130,6 +132,10 @@ impl<'a> RecordSink<'a> {
             batching: false,
             stamp: None,
             deadline: None,
+            multiline: listener
+                .multiline
+                .as_ref()
+                .map(|rule| super::multiline::Joiner::new(rule.clone(), ingest.multiline_pool.clone())),
             transformed: Vec::new(),
             records: 0,
             bytes: 0,
@@ -144,8 +150,43 @@ impl<'a> RecordSink<'a> {
     }
 
     /// Offers one record as read from the socket (a line, a frame body, a datagram), checking
-    /// it and, for syslog, parsing it. `ack` is settled (or refused) with the record.
+    /// it and, for syslog, parsing it. `ack` is settled (or refused) with the record. On a
+    /// `multiline` listener an unacknowledged line is joined first: the records it completes go
+    /// on (see [`RecordSink::flush_multiline`] for the last one).
     pub async fn offer(&mut self, bytes: &[u8], ack: Option<Ack>) {
+        if ack.is_none()
+            && self.stamp.is_none()
+            && let Some(joiner) = &mut self.multiline
+        {
+            let pushed = joiner.push(bytes);
+            if pushed.joined {
+                self.listener.metrics.lines_joined.increment(1);
+            }
+            if let Some(split) = pushed.split {
+                self.listener.metrics.split(split);
+            }
+            for record in pushed.completed.into_iter().chain(pushed.alone) {
+                self.offer_one(&record, None).await;
+            }
+            return;
+        }
+        self.offer_one(bytes, ack).await;
+    }
+
+    /// The record being joined, if any, offered now: `flush_timeout` passed without a line, or
+    /// the connection is ending or draining.
+    pub async fn flush_multiline(&mut self) {
+        if let Some(record) = self.multiline.as_mut().and_then(super::multiline::Joiner::take) {
+            self.offer_one(&record, None).await;
+        }
+    }
+
+    /// When the record being joined is due to be offered without its next line.
+    pub fn multiline_due(&self) -> Option<tokio::time::Instant> {
+        self.multiline.as_ref().filter(|joiner| joiner.pending()).map(super::multiline::Joiner::due)
+    }
+
+    async fn offer_one(&mut self, bytes: &[u8], ack: Option<Ack>) {
         let bytes = match self.listener.protocol {
             Protocol::Syslog => syslog::trim_trailer(bytes),
             // `echo msg | socat - UNIX-SENDTO:…` sends the newline too; it is not the record's.
@@ -382,6 +423,9 @@ impl<'a> RecordSink<'a> {
         self.flush_counters();
         self.pending.shrink_to(IDLE_BATCH);
         self.transformed.shrink_to(IDLE_TRANSFORMED);
+        if let Some(joiner) = &mut self.multiline {
+            joiner.shrink();
+        }
     }
 
     /// Adds the local counts to the listener's counters.

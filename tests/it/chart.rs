@@ -33,7 +33,14 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     ("keda", &["persister.keda.enabled=true"]),
-    ("otlp", &["sidecar.otlp.enabled=true", "sidecar.otlp.grpcPort=14317"]),
+    (
+        "otlp, multiline",
+        &[
+            "sidecar.otlp.enabled=true",
+            "sidecar.otlp.grpcPort=14317",
+            "sidecar.config.ingest.listeners.default.multiline.preset=java",
+        ],
+    ),
     (
         "hpa, memory buffer, secrets",
         &[

@@ -10,6 +10,7 @@ mod hostile;
 mod in_process;
 mod ingest;
 mod lifecycle;
+mod multiline;
 mod observability;
 mod otlp;
 mod persist;
