@@ -16,7 +16,6 @@
 //! past the listener's `export_timeout` or the drain's deadline.
 
 use std::convert::Infallible;
-use std::io::Read as _;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -27,9 +26,7 @@ use hyper::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, H
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use metrics::Counter;
-use opentelemetry_proto::tonic::collector::logs::v1::{
-    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsPartialSuccess, ExportLogsServiceResponse};
 use prost::Message as _;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -44,8 +41,10 @@ use crate::telemetry;
 use crate::telemetry::outcome::{ConnectionRefused, Rejected};
 
 pub mod convert;
+pub mod decode;
 pub mod export;
 
+use decode::Refusal;
 use export::{Answer, RetryWhy, Sender};
 
 /// Bytes of request bodies one `otlp` listener's connections may hold at once while they read
@@ -125,6 +124,8 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// Connections open at once (`max_connections`, over the socket and every address).
     connections: Arc<Semaphore>,
+    /// Where Exports run once read (the agent's connection tracker: the drain waits for them).
+    tasks: TaskTracker,
     metrics: ExportMetrics,
 }
 
@@ -213,10 +214,11 @@ pub async fn serve(
 ) {
     let max_message = listener.config.max_message_bytes();
     let shared = Arc::new(Shared {
-        bodies: Arc::new(Semaphore::new(BODY_POOL_BYTES.max(max_message + 5))),
+        bodies: Arc::new(Semaphore::new(BODY_POOL_BYTES.max(2 * (max_message + 5)))),
         slots: Arc::new(Semaphore::new(EXPORT_SLOTS)),
         connections: Arc::new(Semaphore::new(listener.config.max_connections as usize)),
         metrics: ExportMetrics::new(&listener.name),
+        tasks: tracker.clone(),
         ingest,
         listener,
     });
@@ -305,8 +307,10 @@ fn spawn_connection<IO>(
     tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
 }
 
-/// One connection: HTTP/1.1 or HTTP/2, each request answered by [`handle`]; at `stop` it takes
-/// no new request (HTTP/2 `GOAWAY`) and ends once those it is answering are.
+/// One connection: HTTP/1.1 or HTTP/2, each request answered by [`handle`]. It closes after
+/// `idle_timeout` with no request (HTTP/2 `GOAWAY`, then at most [`CLOSE_GRACE`] for what it is
+/// answering), takes no new request at `stop`, and is dropped outright at the drain deadline
+/// (`abandon`): a peer that never answers the `GOAWAY`'s ping, or never reads, cannot hold it.
 async fn connection<IO>(
     io: IO,
     peer: Option<Peer>,
@@ -324,11 +328,16 @@ async fn connection<IO>(
         .limits
         .as_ref()
         .map_or(super::limit::LimitKey::Connection(id), |limits| limits.key_for(id, peer.map_or(0, |peer| peer.uid)));
+    let activity = Arc::new(Activity::default());
     let service = {
-        let shared = shared.clone();
+        let (shared, activity) = (shared.clone(), activity.clone());
         hyper::service::service_fn(move |request| {
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(handle(request, &shared, limit_key, peer).await) }
+            let (shared, busy) = (shared.clone(), activity.begin());
+            async move {
+                let response = handle(request, &shared, limit_key, peer).await;
+                drop(busy);
+                Ok::<_, Infallible>(response)
+            }
         })
     };
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -342,11 +351,35 @@ async fn connection<IO>(
         .max_header_list_size(16 * 1024);
     let served = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(served);
-    let result = tokio::select! {
-        result = served.as_mut() => result,
-        _ = stop.cancelled() => {
-            served.as_mut().graceful_shutdown();
-            served.await
+    let idle = listener.config.idle_timeout;
+    let mut closing: Option<tokio::time::Instant> = None;
+    let result = loop {
+        let idle_check = match (idle, closing) {
+            (Some(idle), None) => activity.quiet_since().map(|since| since + idle),
+            _ => None,
+        };
+        tokio::select! {
+            biased;
+            result = served.as_mut() => break result,
+            // The drain deadline: whatever it still holds goes (its Exports end on the same
+            // token, counted).
+            _ = shared.ingest.abandon.cancelled() => break Ok(()),
+            _ = stop.cancelled(), if closing.is_none() => {
+                served.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now() + listener.config.export_timeout + CLOSE_GRACE);
+            }
+            _ = tokio::time::sleep_until(closing.unwrap_or_else(tokio::time::Instant::now)), if closing.is_some() => {
+                debug!("the peer did not let the connection close; dropping it");
+                break Ok(());
+            }
+            _ = tokio::time::sleep_until(idle_check.unwrap_or_else(tokio::time::Instant::now)), if idle_check.is_some() => {
+                if activity.quiet_since().is_some_and(|since| since + idle.unwrap_or_default() <= tokio::time::Instant::now()) {
+                    debug!("idle timeout; closing");
+                    listener.metrics.idle_closed();
+                    served.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                }
+            }
         }
     };
     if let Err(error) = result {
@@ -355,24 +388,67 @@ async fn connection<IO>(
     listener.metrics.open.decrement(1.0);
 }
 
+/// How long a closing connection may take to finish what it is answering before it is dropped.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A connection's requests in flight, and since when it has had none.
+#[derive(Default)]
+struct Activity {
+    state: std::sync::Mutex<(usize, Option<tokio::time::Instant>)>,
+}
+
+impl Activity {
+    /// A request starts; it ends when the guard goes (answered, or dropped by the peer).
+    fn begin(self: &Arc<Self>) -> Busy {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.0 += 1;
+        Busy(self.clone())
+    }
+
+    /// Since when no request has been in flight (the connection's start, before the first).
+    fn quiet_since(&self) -> Option<tokio::time::Instant> {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if state.0 > 0 {
+            return None;
+        }
+        Some(*state.1.get_or_insert_with(tokio::time::Instant::now))
+    }
+}
+
+/// One request in flight ([`Activity::begin`]).
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.0 -= 1;
+        if state.0 == 0 {
+            state.1 = Some(tokio::time::Instant::now());
+        }
+    }
+}
+
 type Body = BoxBody<Bytes, Infallible>;
+
+/// Whether a content type is gRPC's (protobuf): `application/grpc`, `application/grpc+proto`.
+fn is_grpc(content_type: &str) -> bool {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    media == "application/grpc" || media == "application/grpc+proto"
+}
 
 /// Routes one request.
 async fn handle(
     request: Request<Incoming>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     limit_key: super::limit::LimitKey,
     peer: Option<Peer>,
 ) -> Response<Body> {
     let sender = Sender { limit_key, peer: PeerFragment::new(peer) };
-    let grpc = request
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/grpc"));
+    let grpc = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).is_some_and(is_grpc);
     match (request.method(), request.uri().path()) {
         (&Method::POST, GRPC_EXPORT) if grpc => grpc_export(request, shared, sender).await,
         (&Method::POST, HTTP_EXPORT) => http_export(request, shared, sender).await,
+        (_, _) if grpc => grpc_status(Code::Unimplemented, "this listener serves LogsService/Export only", false),
         (_, GRPC_EXPORT | HTTP_EXPORT) => plain(StatusCode::METHOD_NOT_ALLOWED, "POST only"),
         _ => plain(StatusCode::NOT_FOUND, "this listener serves OTLP logs: POST /v1/logs, or gRPC LogsService/Export"),
     }
@@ -388,8 +464,49 @@ enum BodyError {
     Broken,
 }
 
+/// An Export's deadline: `export_timeout`, or sooner if the client said it gives up sooner
+/// (gRPC's `grpc-timeout`, less a tenth so the answer reaches it first), and the timer behind it
+/// (aborted with the Export).
+struct Deadline {
+    token: CancellationToken,
+    _timer: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl Deadline {
+    fn new(listener: &ListenerContext, headers: &HeaderMap) -> Self {
+        let client = headers.get("grpc-timeout").and_then(|value| value.to_str().ok()).and_then(grpc_timeout);
+        let after = match client {
+            Some(client) => listener.config.export_timeout.min(client - client / 10),
+            None => listener.config.export_timeout,
+        };
+        let token = CancellationToken::new();
+        let timer = token.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            timer.cancel();
+        });
+        Self { token, _timer: tokio_util::task::AbortOnDropHandle::new(task) }
+    }
+}
+
+/// gRPC's `grpc-timeout`: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+fn grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(amount.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(amount),
+        "m" => std::time::Duration::from_millis(amount),
+        "u" => std::time::Duration::from_micros(amount),
+        "n" => std::time::Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 /// An Export's body, read within `limit` bytes and the listener's body pool; the permits hold its
-/// bytes' room until the Export is answered.
+/// bytes' room until the Export is answered. A declared `Content-Length` takes its room at once
+/// (no request holds part of the pool while waiting for the rest).
 async fn read_body(
     request: Request<Incoming>,
     limit: usize,
@@ -404,9 +521,24 @@ async fn read_body(
     if declared.is_some_and(|declared| declared > limit as u64) {
         return Err(BodyError::TooLarge);
     }
+    let room = |bytes: usize| {
+        let pool = shared.bodies.clone();
+        async move {
+            tokio::select! {
+                biased;
+                _ = shared.ingest.abandon.cancelled() => None,
+                _ = deadline.cancelled() => None,
+                // The pool is never closed; a request takes at most `limit` (< the pool).
+                room = pool.acquire_many_owned(bytes.max(1) as u32) => room.ok(),
+            }
+        }
+    };
+    let mut held: Option<OwnedSemaphorePermit> = match declared {
+        Some(declared) => Some(room(declared as usize).await.ok_or(BodyError::Late)?),
+        None => None,
+    };
     let (parts, mut body) = request.into_parts();
     let mut buffer = BytesMut::new();
-    let mut held: Option<OwnedSemaphorePermit> = None;
     loop {
         let frame = tokio::select! {
             biased;
@@ -417,159 +549,92 @@ async fn read_body(
         let Some(frame) = frame else { break };
         let Ok(frame) = frame else { return Err(BodyError::Broken) };
         let Ok(data) = frame.into_data() else { continue };
-        if buffer.len() + data.len() > limit {
+        if buffer.len() + data.len() > limit
+            || declared.is_some_and(|declared| (buffer.len() + data.len()) as u64 > declared)
+        {
             return Err(BodyError::TooLarge);
         }
-        let room = tokio::select! {
-            biased;
-            _ = shared.ingest.abandon.cancelled() => return Err(BodyError::Late),
-            _ = deadline.cancelled() => return Err(BodyError::Late),
-            // The pool is never closed; a frame is at most `limit` (< the pool) bytes.
-            room = shared.bodies.clone().acquire_many_owned(data.len() as u32) => room.ok(),
-        };
-        match (&mut held, room) {
-            (Some(held), Some(room)) => held.merge(room),
-            (held, room) => *held = room,
+        if declared.is_none() {
+            let more = room(data.len()).await.ok_or(BodyError::Late)?;
+            match &mut held {
+                Some(held) => held.merge(more),
+                None => held = Some(more),
+            }
         }
         buffer.extend_from_slice(&data);
     }
     Ok((parts.headers, buffer.freeze(), held))
 }
 
-/// An Export's decoded request, or why it has none.
-enum Decoded {
-    Request(ExportLogsServiceRequest),
-    TooLarge,
-    Malformed(String),
-    Unsupported(String),
+/// What an Export's task came to.
+enum Done {
+    /// Decoded and offered: the answer.
+    Answered(Answer),
+    /// No export slot within the deadline (or the drain began).
+    Busy,
+    /// The body gives no request.
+    Refused(Refusal),
 }
 
-/// Inflates `bytes` (gzip) up to `limit`; more is `TooLarge` (a compression bomb stops here).
-fn inflate(bytes: &[u8], limit: usize) -> Result<Vec<u8>, Decoded> {
-    let mut inflated = Vec::new();
-    let mut reader = flate2::read::GzDecoder::new(bytes).take(limit as u64 + 1);
-    match reader.read_to_end(&mut inflated) {
-        Ok(_) if inflated.len() > limit => Err(Decoded::TooLarge),
-        Ok(_) => Ok(inflated),
-        Err(error) => Err(Decoded::Malformed(format!("gzip: {error}"))),
+/// An Export read whole, handed to a task of its own: from here it runs to its end — records
+/// offered, counted and answered (`exports_total`) — whatever its client does meanwhile (a
+/// cancel, a closed connection drops only the wait for its answer).
+struct Job {
+    body: Bytes,
+    gzip: bool,
+    json: bool,
+    transport: Transport,
+    sender: Sender,
+    deadline: Deadline,
+    /// The body's room in the pool, held until the Export ends.
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+impl Job {
+    /// Runs the job on the listener's task tracker (the drain waits for it); its outcome.
+    async fn run(self, shared: &Arc<Shared>) -> Done {
+        let task = shared.tasks.spawn(self.work(shared.clone()));
+        task.await.unwrap_or(Done::Busy)
     }
-}
 
-/// The decoded request of a protobuf or JSON body, counted `too_large` or `malformed` if it
-/// cannot be had.
-fn decode(bytes: &[u8], json: bool, listener: &ListenerContext) -> Decoded {
-    let decoded = if json {
-        serde_json::from_slice::<ExportLogsServiceRequest>(bytes).map_err(|error| format!("OTLP/JSON: {error}"))
-    } else {
-        ExportLogsServiceRequest::decode(bytes).map_err(|error| format!("OTLP protobuf: {error}"))
-    };
-    match decoded {
-        Ok(request) => Decoded::Request(request),
-        Err(error) => {
-            listener.metrics.rejected(Rejected::Malformed);
-            Decoded::Malformed(error)
-        }
-    }
-}
-
-/// Waits for one of the listener's export slots, within the deadline.
-async fn export_slot(shared: &Shared, deadline: &CancellationToken) -> Option<OwnedSemaphorePermit> {
-    tokio::select! {
-        biased;
-        _ = shared.ingest.abandon.cancelled() => None,
-        _ = deadline.cancelled() => None,
-        slot = shared.slots.clone().acquire_owned() => slot.ok(),
-    }
-}
-
-/// A token cancelled once `export_timeout` has passed, and the timer behind it (aborted when
-/// the handle goes, with the Export).
-fn deadline(listener: &ListenerContext) -> (CancellationToken, tokio_util::task::AbortOnDropHandle<()>) {
-    let token = CancellationToken::new();
-    let timer = token.clone();
-    let after = listener.config.export_timeout;
-    let task = tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        timer.cancel();
-    });
-    (token, tokio_util::task::AbortOnDropHandle::new(task))
-}
-
-// ---- OTLP/HTTP
-
-async fn http_export(request: Request<Incoming>, shared: &Shared, sender: Sender) -> Response<Body> {
-    let listener = &shared.listener;
-    let metrics = &shared.metrics;
-    let content_type = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).unwrap_or("");
-    let json = match content_type.split(';').next().unwrap_or("").trim() {
-        "application/x-protobuf" | "application/protobuf" => false,
-        "application/json" => true,
-        other => {
-            metrics.count(Transport::Http, Outcome::Refused);
-            listener.metrics.rejected(Rejected::Malformed);
-            return plain(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &format!("content type `{other}`: OTLP/HTTP is application/x-protobuf or application/json"),
-            );
-        }
-    };
-    let (deadline, _timer) = deadline(listener);
-    let limit = listener.config.max_message_bytes();
-    let (headers, body, _room) = match read_body(request, limit, shared, &deadline).await {
-        Ok(read) => read,
-        Err(error) => return http_body_error(error, shared),
-    };
-    let wire_len = body.len();
-    let Some(_slot) = export_slot(shared, &deadline).await else {
-        metrics.count(Transport::Http, Outcome::Retry);
-        return http_retry(StatusCode::SERVICE_UNAVAILABLE, "busy: no export slot within export_timeout");
-    };
-    let encoding = headers.get(CONTENT_ENCODING).and_then(|value| value.to_str().ok()).unwrap_or("identity");
-    let inflated;
-    let bytes: &[u8] = match encoding {
-        "gzip" => match inflate(&body, limit) {
-            Ok(bytes) => {
-                inflated = bytes;
-                &inflated
+    async fn work(self, shared: Arc<Shared>) -> Done {
+        let listener = &shared.listener;
+        let limit = listener.config.max_message_bytes();
+        let deadline = &self.deadline.token;
+        let slot = tokio::select! {
+            biased;
+            _ = shared.ingest.abandon.cancelled() => None,
+            _ = deadline.cancelled() => None,
+            slot = shared.slots.clone().acquire_owned() => slot.ok(),
+        };
+        let Some(_slot) = slot else {
+            shared.metrics.count(self.transport, Outcome::Retry);
+            return Done::Busy;
+        };
+        let decoded = match self.gzip {
+            true => decode::inflate(&self.body, limit)
+                .and_then(|bytes| decode::decode(&bytes, self.json, limit * decode::DECODED_BUDGET_FACTOR)),
+            false => decode::decode(&self.body, self.json, limit * decode::DECODED_BUDGET_FACTOR),
+        };
+        let request = match decoded {
+            Ok(request) => request,
+            Err(refusal) => {
+                listener.metrics.rejected(match refusal {
+                    Refusal::TooLarge(_) => Rejected::TooLarge,
+                    Refusal::Malformed(_) => Rejected::Malformed,
+                });
+                shared.metrics.count(self.transport, Outcome::Refused);
+                return Done::Refused(refusal);
             }
-            Err(refused) => return http_refused(refused, json, shared),
-        },
-        "identity" | "" => &body,
-        other => {
-            return http_refused(
-                Decoded::Unsupported(format!("content encoding `{other}`: gzip or none")),
-                json,
-                shared,
-            );
-        }
-    };
-    let request = match decode(bytes, json, listener) {
-        Decoded::Request(request) => request,
-        refused => return http_refused(refused, json, shared),
-    };
-    let answer = export::export(&request, wire_len, &shared.ingest, listener, sender, &deadline).await;
-    drop(request);
-    match answer {
-        Answer::Done { rejected, message } => {
-            let outcome = if rejected == 0 { Outcome::Ok } else { Outcome::PartialSuccess };
-            metrics.count(Transport::Http, outcome);
-            let response = response_message(rejected, message);
-            let body = if json { serde_json::to_vec(&response).unwrap_or_default() } else { response.encode_to_vec() };
-            let content_type = if json { "application/json" } else { "application/x-protobuf" };
-            Response::builder()
-                .status(StatusCode::OK)
-                .header(CONTENT_TYPE, content_type)
-                .body(full(body))
-                .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "response"))
-        }
-        Answer::Retry { why, message } => {
-            metrics.count(Transport::Http, Outcome::Retry);
-            let status = match why {
-                RetryWhy::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                RetryWhy::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            };
-            http_retry(status, &message)
-        }
+        };
+        let answer = export::export(&request, self.body.len(), &shared.ingest, listener, self.sender, deadline).await;
+        let outcome = match &answer {
+            Answer::Done { rejected: 0, .. } => Outcome::Ok,
+            Answer::Done { .. } => Outcome::PartialSuccess,
+            Answer::Retry { .. } => Outcome::Retry,
+        };
+        shared.metrics.count(self.transport, outcome);
+        Done::Answered(answer)
     }
 }
 
@@ -582,42 +647,116 @@ fn response_message(rejected: u64, message: String) -> ExportLogsServiceResponse
     }
 }
 
-fn http_body_error(error: BodyError, shared: &Shared) -> Response<Body> {
-    match error {
-        BodyError::TooLarge => {
-            shared.listener.metrics.rejected(Rejected::TooLarge);
-            shared.metrics.count(Transport::Http, Outcome::Refused);
-            plain(StatusCode::PAYLOAD_TOO_LARGE, "larger than max_message_size")
+/// A request refused before it became a job: counted (`rejected` for its reason, and the
+/// Export's outcome).
+fn refused_early(shared: &Shared, transport: Transport, reason: Option<Rejected>, outcome: Outcome) {
+    if let Some(reason) = reason {
+        shared.listener.metrics.rejected(reason);
+    }
+    shared.metrics.count(transport, outcome);
+}
+
+// ---- OTLP/HTTP
+
+async fn http_export(request: Request<Incoming>, shared: &Arc<Shared>, sender: Sender) -> Response<Body> {
+    let listener = &shared.listener;
+    let content_type = request.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok()).unwrap_or("");
+    let json = match content_type.split(';').next().unwrap_or("").trim() {
+        "application/x-protobuf" | "application/protobuf" => false,
+        "application/json" => true,
+        other => {
+            refused_early(shared, Transport::Http, Some(Rejected::Malformed), Outcome::Refused);
+            let message = format!("content type `{other}`: OTLP/HTTP is application/x-protobuf or application/json");
+            return http_status(StatusCode::UNSUPPORTED_MEDIA_TYPE, Code::InvalidArgument, &message, false);
         }
-        BodyError::Late => {
-            shared.metrics.count(Transport::Http, Outcome::Retry);
-            http_retry(StatusCode::SERVICE_UNAVAILABLE, "the body did not arrive within export_timeout")
+    };
+    let encoding = request.headers().get(CONTENT_ENCODING).and_then(|value| value.to_str().ok()).unwrap_or("identity");
+    let gzip = match encoding {
+        "gzip" => true,
+        "identity" | "" => false,
+        other => {
+            refused_early(shared, Transport::Http, Some(Rejected::Malformed), Outcome::Refused);
+            let message = format!("content encoding `{other}`: gzip or none");
+            return http_status(StatusCode::UNSUPPORTED_MEDIA_TYPE, Code::InvalidArgument, &message, json);
         }
-        BodyError::Broken => {
-            shared.metrics.count(Transport::Http, Outcome::Refused);
-            plain(StatusCode::BAD_REQUEST, "the body broke off")
+    };
+    let deadline = Deadline::new(listener, request.headers());
+    let limit = listener.config.max_message_bytes();
+    let (_, body, room) = match read_body(request, limit, shared, &deadline.token).await {
+        Ok(read) => read,
+        Err(BodyError::TooLarge) => {
+            refused_early(shared, Transport::Http, Some(Rejected::TooLarge), Outcome::Refused);
+            return http_status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Code::InvalidArgument,
+                "larger than max_message_size",
+                json,
+            );
+        }
+        Err(BodyError::Late) => {
+            refused_early(shared, Transport::Http, None, Outcome::Retry);
+            return http_retry(StatusCode::SERVICE_UNAVAILABLE, late(shared), json);
+        }
+        Err(BodyError::Broken) => {
+            refused_early(shared, Transport::Http, Some(Rejected::Truncated), Outcome::Refused);
+            return http_status(StatusCode::BAD_REQUEST, Code::InvalidArgument, "the body broke off", json);
+        }
+    };
+    let job = Job { body, gzip, json, transport: Transport::Http, sender, deadline, _room: room };
+    match job.run(shared).await {
+        Done::Answered(Answer::Done { rejected, message }) => {
+            let response = response_message(rejected, message);
+            let body = if json { serde_json::to_vec(&response).unwrap_or_default() } else { response.encode_to_vec() };
+            let mut answer = Response::new(full(body));
+            answer.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(media_type(json)));
+            answer
+        }
+        Done::Answered(Answer::Retry { why, message }) => {
+            let status = match why {
+                RetryWhy::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                RetryWhy::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            };
+            http_retry(status, &message, json)
+        }
+        Done::Busy => http_retry(StatusCode::SERVICE_UNAVAILABLE, "busy: no export slot within export_timeout", json),
+        Done::Refused(Refusal::TooLarge(message)) => {
+            http_status(StatusCode::PAYLOAD_TOO_LARGE, Code::InvalidArgument, message, json)
+        }
+        Done::Refused(Refusal::Malformed(message)) => {
+            http_status(StatusCode::BAD_REQUEST, Code::InvalidArgument, &message, json)
         }
     }
 }
 
-fn http_refused(refused: Decoded, _json: bool, shared: &Shared) -> Response<Body> {
-    shared.metrics.count(Transport::Http, Outcome::Refused);
-    match refused {
-        Decoded::TooLarge => {
-            shared.listener.metrics.rejected(Rejected::TooLarge);
-            plain(StatusCode::PAYLOAD_TOO_LARGE, "larger than max_message_size once inflated")
-        }
-        Decoded::Malformed(error) => plain(StatusCode::BAD_REQUEST, &error),
-        Decoded::Unsupported(error) => {
-            shared.listener.metrics.rejected(Rejected::Malformed);
-            plain(StatusCode::UNSUPPORTED_MEDIA_TYPE, &error)
-        }
-        Decoded::Request(_) => plain(StatusCode::INTERNAL_SERVER_ERROR, "decoded"),
+/// Why a body did not arrive in time: the drain, or the Export's deadline.
+fn late(shared: &Shared) -> &'static str {
+    if shared.ingest.stop_reading.is_cancelled() {
+        "the agent is stopping"
+    } else {
+        "the request did not arrive within export_timeout"
     }
 }
 
-fn http_retry(status: StatusCode, message: &str) -> Response<Body> {
-    let mut response = plain(status, message);
+fn media_type(json: bool) -> &'static str {
+    if json { "application/json" } else { "application/x-protobuf" }
+}
+
+/// An OTLP/HTTP error: `status`, and a `google.rpc.Status` body in the request's encoding.
+fn http_status(status: StatusCode, code: Code, message: &str, json: bool) -> Response<Body> {
+    let rpc = RpcStatus { code: code as i32, message: message.to_string(), details: Vec::new() };
+    let body = if json {
+        serde_json::to_vec(&serde_json::json!({"code": rpc.code, "message": rpc.message})).unwrap_or_default()
+    } else {
+        rpc.encode_to_vec()
+    };
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(media_type(json)));
+    response
+}
+
+fn http_retry(status: StatusCode, message: &str, json: bool) -> Response<Body> {
+    let mut response = http_status(status, Code::Unavailable, message, json);
     response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
     response
 }
@@ -645,68 +784,44 @@ enum Code {
     Unavailable = 14,
 }
 
-async fn grpc_export(request: Request<Incoming>, shared: &Shared, sender: Sender) -> Response<Body> {
+async fn grpc_export(request: Request<Incoming>, shared: &Arc<Shared>, sender: Sender) -> Response<Body> {
     let listener = &shared.listener;
-    let metrics = &shared.metrics;
-    let (deadline, _timer) = deadline(listener);
+    let deadline = Deadline::new(listener, request.headers());
     let limit = listener.config.max_message_bytes();
     // One message: its 5-byte prefix and at most `limit` bytes.
-    let (headers, body, _room) = match read_body(request, limit + 5, shared, &deadline).await {
+    let (headers, body, room) = match read_body(request, limit + 5, shared, &deadline.token).await {
         Ok(read) => read,
         Err(BodyError::TooLarge) => {
-            listener.metrics.rejected(Rejected::TooLarge);
-            metrics.count(Transport::Grpc, Outcome::Refused);
-            return grpc_status(Code::ResourceExhausted, "message larger than max_message_size", false);
+            // Not RESOURCE_EXHAUSTED: some SDKs retry that whatever it says, and this Export
+            // will never fit.
+            refused_early(shared, Transport::Grpc, Some(Rejected::TooLarge), Outcome::Refused);
+            return grpc_status(Code::InvalidArgument, "message larger than max_message_size", false);
         }
         Err(BodyError::Late) => {
-            metrics.count(Transport::Grpc, Outcome::Retry);
-            return grpc_status(Code::Unavailable, "the message did not arrive within export_timeout", true);
+            refused_early(shared, Transport::Grpc, None, Outcome::Retry);
+            return grpc_status(Code::Unavailable, late(shared), true);
         }
         Err(BodyError::Broken) => {
-            metrics.count(Transport::Grpc, Outcome::Refused);
+            refused_early(shared, Transport::Grpc, Some(Rejected::Truncated), Outcome::Refused);
             return grpc_status(Code::InvalidArgument, "the request broke off", false);
         }
     };
     let (compressed, message) = match unframe(&body) {
         Ok(framed) => framed,
         Err(error) => {
-            listener.metrics.rejected(Rejected::Malformed);
-            metrics.count(Transport::Grpc, Outcome::Refused);
+            refused_early(shared, Transport::Grpc, Some(Rejected::Malformed), Outcome::Refused);
             return grpc_status(Code::InvalidArgument, error, false);
         }
     };
-    let Some(_slot) = export_slot(shared, &deadline).await else {
-        metrics.count(Transport::Grpc, Outcome::Retry);
-        return grpc_status(Code::Unavailable, "busy: no export slot within export_timeout", true);
-    };
-    let inflated;
-    let bytes: &[u8] = if compressed {
-        let encoding = headers.get("grpc-encoding").and_then(|value| value.to_str().ok()).unwrap_or("identity");
-        if encoding != "gzip" {
-            listener.metrics.rejected(Rejected::Malformed);
-            metrics.count(Transport::Grpc, Outcome::Refused);
-            return grpc_status(Code::Unimplemented, "grpc-encoding: gzip or identity", false);
-        }
-        match inflate(message, limit) {
-            Ok(bytes) => {
-                inflated = bytes;
-                &inflated
-            }
-            Err(refused) => return grpc_refused(refused, shared),
-        }
-    } else {
-        message
-    };
-    let request = match decode(bytes, false, listener) {
-        Decoded::Request(request) => request,
-        refused => return grpc_refused(refused, shared),
-    };
-    let answer = export::export(&request, body.len(), &shared.ingest, listener, sender, &deadline).await;
-    drop(request);
-    match answer {
-        Answer::Done { rejected, message } => {
-            let outcome = if rejected == 0 { Outcome::Ok } else { Outcome::PartialSuccess };
-            metrics.count(Transport::Grpc, outcome);
+    if compressed && headers.get("grpc-encoding").and_then(|value| value.to_str().ok()) != Some("gzip") {
+        refused_early(shared, Transport::Grpc, Some(Rejected::Malformed), Outcome::Refused);
+        return grpc_status(Code::Unimplemented, "grpc-encoding: gzip or identity", false);
+    }
+    let message = body.slice_ref(message);
+    let job =
+        Job { body: message, gzip: compressed, json: false, transport: Transport::Grpc, sender, deadline, _room: room };
+    match job.run(shared).await {
+        Done::Answered(Answer::Done { rejected, message }) => {
             let message = response_message(rejected, message).encode_to_vec();
             let mut framed = Vec::with_capacity(message.len() + 5);
             framed.push(0);
@@ -720,14 +835,16 @@ async fn grpc_export(request: Request<Incoming>, shared: &Shared, sender: Sender
             grpc_headers(response.headers_mut());
             response
         }
-        Answer::Retry { why, message } => {
-            metrics.count(Transport::Grpc, Outcome::Retry);
+        Done::Answered(Answer::Retry { why, message }) => {
             let code = match why {
                 RetryWhy::Unavailable => Code::Unavailable,
                 RetryWhy::RateLimited => Code::ResourceExhausted,
             };
             grpc_status(code, &message, true)
         }
+        Done::Busy => grpc_status(Code::Unavailable, "busy: no export slot within export_timeout", true),
+        Done::Refused(Refusal::TooLarge(message)) => grpc_status(Code::InvalidArgument, message, false),
+        Done::Refused(Refusal::Malformed(message)) => grpc_status(Code::InvalidArgument, &message, false),
     }
 }
 
@@ -747,27 +864,16 @@ fn unframe(body: &[u8]) -> Result<(bool, &[u8]), &'static str> {
     }
 }
 
-fn grpc_refused(refused: Decoded, shared: &Shared) -> Response<Body> {
-    shared.metrics.count(Transport::Grpc, Outcome::Refused);
-    match refused {
-        Decoded::TooLarge => {
-            shared.listener.metrics.rejected(Rejected::TooLarge);
-            grpc_status(Code::ResourceExhausted, "message larger than max_message_size once inflated", false)
-        }
-        Decoded::Malformed(error) => grpc_status(Code::InvalidArgument, &error, false),
-        Decoded::Unsupported(error) => grpc_status(Code::Unimplemented, &error, false),
-        Decoded::Request(_) => grpc_status(Code::InvalidArgument, "decoded", false),
-    }
-}
-
 fn grpc_headers(headers: &mut HeaderMap) {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-accept-encoding", HeaderValue::from_static("gzip,identity"));
 }
 
-/// A trailers-only gRPC answer: the status in the headers, no message; `retry` adds `RetryInfo`
-/// (`grpc-status-details-bin`), which the SDKs read for their next attempt.
+/// A trailers-only gRPC answer: the status in the headers, no message; `retry` adds
+/// `google.rpc.RetryInfo`, both in `grpc-status-details-bin` (Go, Java) and as
+/// `google.rpc.retryinfo-bin` (Python reads that one).
 fn grpc_status(code: Code, message: &str, retry: bool) -> Response<Body> {
+    use base64::Engine as _;
     let mut response = Response::new(Empty::new().boxed());
     let headers = response.headers_mut();
     grpc_headers(headers);
@@ -776,25 +882,29 @@ fn grpc_status(code: Code, message: &str, retry: bool) -> Response<Body> {
         headers.insert("grpc-message", value);
     }
     if retry {
-        use base64::Engine as _;
+        let retry_info =
+            RetryInfo { retry_delay: Some(ProtoDuration { seconds: RETRY_AFTER_SECONDS.into(), nanos: 0 }) }
+                .encode_to_vec();
         let details = RpcStatus {
             code: code as i32,
             message: message.to_string(),
             details: vec![ProtoAny {
                 type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
-                value: RetryInfo { retry_delay: Some(ProtoDuration { seconds: RETRY_AFTER_SECONDS.into(), nanos: 0 }) }
-                    .encode_to_vec(),
+                value: retry_info.clone(),
             }],
         };
-        let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details.encode_to_vec());
-        if let Ok(value) = HeaderValue::from_str(&encoded) {
+        let base64 = base64::engine::general_purpose::STANDARD_NO_PAD;
+        if let Ok(value) = HeaderValue::from_str(&base64.encode(details.encode_to_vec())) {
             headers.insert("grpc-status-details-bin", value);
+        }
+        if let Ok(value) = HeaderValue::from_str(&base64.encode(retry_info)) {
+            headers.insert("google.rpc.retryinfo-bin", value);
         }
     }
     response
 }
 
-/// gRPC's `grpc-message` encoding: printable ASCII but `%` as is, the rest percent-encoded.
+/// gRPC's `grpc-message` encoding: printable ASCII as is, except `%`; the rest percent-encoded.
 fn percent_encode(message: &str) -> String {
     let mut encoded = String::with_capacity(message.len());
     for byte in message.bytes() {

@@ -326,8 +326,23 @@ async fn an_export_that_cannot_be_delivered_in_time_is_told_to_retry() {
     let text = String::from_utf8_lossy(&details);
     assert!(text.contains("type.googleapis.com/google.rpc.RetryInfo"), "RetryInfo in the details: {text}");
 
+    // A client that gives up first (its connection closed mid-wait): the Export runs to its end
+    // all the same, its record and its answer counted.
+    let stream = tokio::net::TcpStream::connect(http).await.expect("connect");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+    let connection = tokio::spawn(connection);
+    let abandoned = hyper::Request::post("/v1/logs")
+        .header("host", "x")
+        .header("content-type", "application/x-protobuf")
+        .body(Full::new(Bytes::from(records.encode_to_vec())))
+        .expect("request");
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), sender.send_request(abandoned)).await;
+    connection.abort();
+    drop(sender);
+    until_metric(agent.admin(), telemetry::INGEST_OTLP_EXPORTS, &[("outcome", "retry")], 3.0).await;
     let metrics = scrape(agent.admin()).await;
-    assert_eq!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("outcome", "retry")]), 2.0);
+    assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "otlp")]), 3.0, "each Export's record counted");
     drop(agent);
 }
 
@@ -360,6 +375,7 @@ async fn hostile_requests_are_refused_whole_counted_and_held_in_bounded_memory()
         .kafka_unreachable()
         .with(|config| addresses = Some(otlp_listener(config)))
         .listener("otlp", "export_timeout", "1s")
+        .listener("otlp", "idle_timeout", "1s")
         .build()
         .await;
     let (_socket, grpc, http) = addresses.expect("listener");
@@ -423,12 +439,26 @@ async fn hostile_requests_are_refused_whole_counted_and_held_in_bounded_memory()
     lying.extend_from_slice(b"short");
     assert_eq!(grpc_call(grpc, lying).await.status(), 3, "INVALID_ARGUMENT");
     let oversized = grpc_frame(&vec![0u8; 5 << 20]);
-    assert_eq!(grpc_call(grpc, oversized).await.status(), 8, "RESOURCE_EXHAUSTED");
+    assert_eq!(grpc_call(grpc, oversized).await.status(), 3, "INVALID_ARGUMENT: it never fits, not worth a retry");
+
+    // Many tiny records: 300 KB on the wire that would decode to ~20 MB.
+    let tiny = request(vec![LogRecord::default(); 100_000]);
+    let (status, _, _) = post(http, "/v1/logs", &protobuf, tiny.encode_to_vec()).await;
+    assert_eq!(status, 413, "refused before it is built");
+
+    // A connection that never sends a request is closed after idle_timeout.
+    let mut idle = tokio::net::TcpStream::connect(grpc).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut idle, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.expect("preface");
+    let mut sink = Vec::new();
+    within(WAIT, "the idle connection's close", tokio::io::AsyncReadExt::read_to_end(&mut idle, &mut sink))
+        .await
+        .expect("read");
 
     let metrics = scrape(agent.admin()).await;
-    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("listener", "otlp"), ("reason", "too_large")]), 3.0);
+    assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("listener", "otlp"), ("reason", "too_large")]), 4.0);
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("listener", "otlp"), ("reason", "malformed")]), 5.0);
-    assert_eq!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("outcome", "refused")]), 8.0);
+    assert_eq!(metrics.count(telemetry::INGEST_OTLP_EXPORTS, &[("outcome", "refused")]), 9.0);
+    assert_eq!(metrics.count(telemetry::INGEST_IDLE_CLOSED, &[("listener", "otlp")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[("listener", "otlp")]), 0.0);
     let peak = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).expect("the agent's status");
     let peak_kib: u64 = peak

@@ -17,40 +17,93 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde_json::value::RawValue;
 
+use crate::telemetry::outcome::Rejected;
+
 /// How many log records a request holds.
 pub fn count(request: &ExportLogsServiceRequest) -> usize {
     request.resource_logs.iter().flat_map(|resource| &resource.scope_logs).map(|scope| scope.log_records.len()).sum()
 }
 
 /// Every record of `request` as JSON, in order, each written when it is asked for (a request's
-/// records are never all held as JSON at once).
-pub fn records(request: &ExportLogsServiceRequest) -> impl Iterator<Item = Vec<u8>> + Send + '_ {
-    request.resource_logs.iter().flat_map(|resource_logs| {
+/// records are never all held as JSON at once); one whose JSON would pass `max_record` bytes is
+/// `too_large`, and writing it stops there (a record of control characters is six times longer
+/// as JSON; a resource larger than the limit makes every record of it too large, unwritten).
+pub fn records(
+    request: &ExportLogsServiceRequest,
+    max_record: usize,
+) -> impl Iterator<Item = Result<Vec<u8>, Rejected>> + Send + '_ {
+    request.resource_logs.iter().flat_map(move |resource_logs| {
         let resource = Arc::new(
             resource_logs
                 .resource
                 .as_ref()
                 .filter(|resource| !resource.attributes.is_empty())
-                .and_then(|resource| serde_json::value::to_raw_value(&Attributes(&resource.attributes)).ok()),
+                .and_then(|resource| bounded_raw(&Attributes(&resource.attributes), max_record)),
         );
         resource_logs.scope_logs.iter().flat_map(move |scope_logs| {
             let scope = scope_logs
                 .scope
                 .as_ref()
                 .filter(|scope| !is_empty_scope(scope))
-                .and_then(|scope| serde_json::value::to_raw_value(&Scope(scope)).ok());
+                .and_then(|scope| bounded_raw(&Scope(scope), max_record));
             let resource = resource.clone();
-            scope_logs.log_records.iter().map(move |record| to_json(record, (*resource).as_deref(), scope.as_deref()))
+            scope_logs.log_records.iter().map(move |record| {
+                let (resource, scope) = (resource.as_ref().as_ref(), scope.as_ref());
+                match (resource, scope) {
+                    (Some(Err(reason)), _) | (_, Some(Err(reason))) => Err(*reason),
+                    _ => to_json(
+                        record,
+                        resource.and_then(|r| r.as_deref().ok()),
+                        scope.and_then(|s| s.as_deref().ok()),
+                        max_record,
+                    ),
+                }
+            })
         })
     })
+}
+
+/// `value` as JSON if it is at most `max` bytes.
+fn bounded_raw(value: &impl Serialize, max: usize) -> Option<Result<Box<RawValue>, Rejected>> {
+    let mut out = Bounded { bytes: Vec::new(), max };
+    match serde_json::to_writer(&mut out, value) {
+        Ok(()) => String::from_utf8(out.bytes).ok().and_then(|json| RawValue::from_string(json).ok()).map(Ok),
+        Err(_) => Some(Err(Rejected::TooLarge)),
+    }
+}
+
+/// A writer that refuses to grow past `max` bytes.
+struct Bounded {
+    bytes: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.max {
+            return Err(std::io::Error::other("too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn is_empty_scope(scope: &InstrumentationScope) -> bool {
     scope.name.is_empty() && scope.version.is_empty() && scope.attributes.is_empty()
 }
 
-/// One record as JSON; `resource` and `scope` are their JSON objects, already written.
-pub fn to_json(record: &LogRecord, resource: Option<&RawValue>, scope: Option<&RawValue>) -> Vec<u8> {
+/// One record as JSON, if it is at most `max` bytes; `resource` and `scope` are their JSON
+/// objects, already written.
+pub fn to_json(
+    record: &LogRecord,
+    resource: Option<&RawValue>,
+    scope: Option<&RawValue>,
+    max: usize,
+) -> Result<Vec<u8>, Rejected> {
     let time = if record.time_unix_nano != 0 { record.time_unix_nano } else { record.observed_time_unix_nano };
     let level = level(record.severity_number)
         .map(str::to_string)
@@ -78,8 +131,10 @@ pub fn to_json(record: &LogRecord, resource: Option<&RawValue>, scope: Option<&R
         resource,
         scope,
     };
-    // Serializing plain strings, numbers and maps of them cannot fail.
-    serde_json::to_vec(&shape).unwrap_or_default()
+    // Serializing plain strings, numbers and maps of them fails only past `max`.
+    let mut out = Bounded { bytes: Vec::with_capacity(256.min(max)), max };
+    serde_json::to_writer(&mut out, &shape).map_err(|_| Rejected::TooLarge)?;
+    Ok(out.bytes)
 }
 
 #[derive(Serialize)]
@@ -259,11 +314,10 @@ mod tests {
             flags: 1,
             ..Default::default()
         };
-        let json: serde_json::Value = serde_json::from_slice(&to_json(
-            &record,
-            Some(&raw(r#"{"service.name":"checkout"}"#)),
-            Some(&raw(r#"{"name":"app"}"#)),
-        ))
+        let json: serde_json::Value = serde_json::from_slice(
+            &to_json(&record, Some(&raw(r#"{"service.name":"checkout"}"#)), Some(&raw(r#"{"name":"app"}"#)), 4096)
+                .expect("within the limit"),
+        )
         .expect("json");
         assert_eq!(
             json,
@@ -295,11 +349,13 @@ mod tests {
             severity_text: "Warning".into(),
             ..Default::default()
         };
-        let json: serde_json::Value = serde_json::from_slice(&to_json(&record, None, None)).expect("json");
+        let json: serde_json::Value =
+            serde_json::from_slice(&to_json(&record, None, None, 4096).expect("small")).expect("json");
         assert_eq!(
             json,
             serde_json::json!({"level": "warning", "severity_text": "Warning", "body": {"bytes": "AQID"}})
         );
-        assert_eq!(to_json(&LogRecord::default(), None, None), b"{}");
+        assert_eq!(to_json(&LogRecord::default(), None, None, 2).expect("two bytes"), b"{}");
+        assert_eq!(to_json(&LogRecord::default(), None, None, 1), Err(Rejected::TooLarge), "stopped at the limit");
     }
 }

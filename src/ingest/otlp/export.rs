@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::convert;
 use crate::buffer::ack::{AckEvent, AckTracker};
+use crate::config::RateLimitAction;
 use crate::envelope::PeerFragment;
 use crate::ingest::limit::LimitKey;
 use crate::ingest::sink::RecordSink;
@@ -54,22 +55,28 @@ pub enum RetryWhy {
 
 /// Refusals an Export's records met, by reason word.
 #[derive(Default)]
-struct Refusals(BTreeMap<&'static str, u64>, Option<RetryWhy>);
+struct Refusals {
+    counts: BTreeMap<&'static str, u64>,
+    retry: Option<RetryWhy>,
+    /// A `rate_limited` refusal means "retry later" (`throttle`: its wait ran out); with `drop`
+    /// it is the operator's choice, reported like any other refusal.
+    rate_limit_retries: bool,
+}
 
 impl Refusals {
     fn add(&mut self, events: Vec<AckEvent>) {
         for event in events {
             if let AckEvent::Refused { reason, .. } = event {
-                *self.0.entry(reason.as_str()).or_default() += 1;
+                *self.counts.entry(reason.as_str()).or_default() += 1;
                 let retry = match reason {
                     Refused::Dropped(Dropped::BlockTimeout) | Refused::Failed(Failed::DrainTimeout) => {
                         Some(RetryWhy::Unavailable)
                     }
-                    Refused::Rejected(Rejected::RateLimited) => Some(RetryWhy::RateLimited),
+                    Refused::Rejected(Rejected::RateLimited) if self.rate_limit_retries => Some(RetryWhy::RateLimited),
                     _ => None,
                 };
                 // Unavailable wins over a rate limit: the buffer is the harder limit.
-                self.1 = match (self.1, retry) {
+                self.retry = match (self.retry, retry) {
                     (Some(RetryWhy::Unavailable), _) | (_, Some(RetryWhy::Unavailable)) => Some(RetryWhy::Unavailable),
                     (kept, None) => kept,
                     (_, some) => some,
@@ -79,14 +86,14 @@ impl Refusals {
     }
 
     fn describe(&self) -> String {
-        self.0.iter().map(|(reason, count)| format!("{reason} {count}")).collect::<Vec<_>>().join(", ")
+        self.counts.iter().map(|(reason, count)| format!("{reason} {count}")).collect::<Vec<_>>().join(", ")
     }
 
     fn answer(self) -> Answer {
         let message = self.describe();
-        match self.1 {
+        match self.retry {
             Some(why) => Answer::Retry { why, message: format!("records refused, retry later: {message}") },
-            None => Answer::Done { rejected: self.0.values().sum(), message },
+            None => Answer::Done { rejected: self.counts.values().sum(), message },
         }
     }
 }
@@ -114,12 +121,16 @@ pub async fn export(
         return Answer::Done { rejected: 0, message: String::new() };
     }
     let tracker = AckTracker::within(ingest.ack_point, ingest.acks.clone());
-    let mut refusals = Refusals::default();
+    let rate_limit_retries = listener.limits.as_ref().is_some_and(|limits| limits.action == RateLimitAction::Throttle);
+    let mut refusals = Refusals { rate_limit_retries, ..Refusals::default() };
     let wire_each = wire_len / total;
     let mut sink = RecordSink::new(ingest, listener, sender.limit_key, sender.peer).until(deadline.clone());
     let mut offered = 0;
     let max_record = listener.config.max_record_bytes();
-    for json in convert::records(request) {
+    for json in convert::records(request, max_record) {
+        // Records that settle at once (refused, or room in the buffer) never make this loop
+        // wait: it gives the worker back now and then.
+        tokio::task::consume_budget().await;
         let ack = loop {
             tokio::select! {
                 biased;
@@ -131,10 +142,9 @@ pub async fn export(
             }
         };
         let Some(ack) = ack else { break };
-        if json.len() > max_record {
-            sink.reject(Rejected::TooLarge, Some(ack));
-        } else {
-            sink.offer_json(&json, wire_each, Some(ack)).await;
+        match json {
+            Ok(json) => sink.offer_json(&json, wire_each, Some(ack)).await,
+            Err(reason) => sink.reject(reason, Some(ack)),
         }
         offered += 1;
         refusals.add(tracker.take_events());
