@@ -406,7 +406,9 @@ impl Live {
             warn!(%error, "log level not changed");
         }
         self.buffer.set_policy(Policy { when_full: new.buffer.when_full, block_timeout: new.buffer.block_timeout });
-        if (old.ship.key, &old.ship.key_field) != (new.ship.key, &new.ship.key_field) {
+        if (old.ship.key, &old.ship.key_field, &old.ship.key_template)
+            != (new.ship.key, &new.ship.key_field, &new.ship.key_template)
+        {
             self.context.key.set(KeyRule::new(&new.ship, &self.pod));
         }
         if old.ship.envelope != new.ship.envelope {
@@ -422,8 +424,13 @@ impl Live {
 /// What the producer is built from (the key and the envelope are the readers', not the
 /// producer's).
 fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::BTreeMap<String, String>) {
-    let ship =
-        ShipConfig { key: KeySource::None, key_field: None, envelope: EnvelopeKind::Binary, ..config.ship.clone() };
+    let ship = ShipConfig {
+        key: KeySource::None,
+        key_field: None,
+        key_template: None,
+        envelope: EnvelopeKind::Binary,
+        ..config.ship.clone()
+    };
     (ship, &config.kafka.brokers, &config.kafka.properties)
 }
 

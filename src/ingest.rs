@@ -249,6 +249,8 @@ pub enum KeyRule {
     Fixed(Bytes),
     /// A top-level field of JSON records.
     Field(String),
+    /// A template over the pod and the record (`ship.key_template`).
+    Template(Arc<crate::template::Template>, Arc<PodMetadata>),
 }
 
 impl KeyRule {
@@ -264,6 +266,13 @@ impl KeyRule {
                 }
             },
             KeySource::Field => KeyRule::Field(ship.key_field.clone().unwrap_or_default()),
+            KeySource::Template => {
+                match ship.key_template.as_deref().map(crate::template::Template::parse) {
+                    Some(Ok(template)) => KeyRule::Template(Arc::new(template), Arc::new(pod.clone())),
+                    // Validated at load: not reached.
+                    _ => KeyRule::None,
+                }
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod shutdown;
 pub mod status;
 pub mod storable;
 pub mod telemetry;
+pub mod template;
 #[cfg(test)]
 mod test_support;
 

@@ -275,6 +275,9 @@ pub struct Shipper {
     /// How long a producer replaced with new settings may take to deliver what it holds.
     reconfigure_flush: Duration,
     topic: String,
+    /// The headers each record carries (`ship.headers`, `ship.metadata_headers`); a reload
+    /// replaces them.
+    headers: RwLock<Arc<RecordHeaders>>,
     buffer: Buffer,
     reachable: Arc<AtomicBool>,
     reached_once: Arc<AtomicBool>,
@@ -288,6 +291,60 @@ pub struct Shipper {
     /// Producers replaced after a fatal error in a row, none of which Kafka stored a record of
     /// (a producer fatal from birth: a missing ACL): each replacement waits longer.
     fatal_streak: std::sync::atomic::AtomicU32,
+}
+
+/// The Kafka headers records carry: `ship.headers` as configured, and with
+/// `ship.metadata_headers` each record's id and ingest time (read from its envelope) and the
+/// pod's fields — the values its envelope holds, readable without decoding it.
+#[derive(Debug, Default)]
+pub struct RecordHeaders {
+    fixed: Vec<(String, String)>,
+    /// The pod's fields as `sluice.pod.*` headers, when metadata headers are on.
+    pod: Option<Vec<(&'static str, String)>>,
+}
+
+impl RecordHeaders {
+    /// The headers `config` asks for (the pod's fields from the Downward API's environment).
+    pub fn new(config: &Config) -> Self {
+        let fixed = config.ship.headers.iter().map(|(name, value)| (name.clone(), value.clone())).collect();
+        let pod = config.ship.metadata_headers.then(|| {
+            let pod = crate::envelope::PodMetadata::from_env();
+            [
+                ("sluice.pod.name", pod.name),
+                ("sluice.pod.namespace", pod.namespace),
+                ("sluice.pod.container", pod.container),
+                ("sluice.pod.node", pod.node),
+            ]
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|value| (name, value)))
+            .collect()
+        });
+        Self { fixed, pod }
+    }
+
+    /// The headers of the record whose envelope is `payload`; none when none are configured.
+    pub fn for_record(&self, payload: &[u8]) -> Option<rdkafka::message::OwnedHeaders> {
+        use rdkafka::message::{Header, OwnedHeaders};
+        if self.fixed.is_empty() && self.pod.is_none() {
+            return None;
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(self.fixed.len() + 6);
+        for (name, value) in &self.fixed {
+            headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+        }
+        if let Some(pod) = &self.pod {
+            if let Ok(envelope) = crate::envelope::Envelope::parse(payload) {
+                let id = envelope.id.text();
+                headers = headers.insert(Header { key: "sluice.id", value: Some(id.as_bytes()) });
+                let time = envelope.ingest_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+                headers = headers.insert(Header { key: "sluice.ingest_time", value: Some(time.as_bytes()) });
+            }
+            for (name, value) in pod {
+                headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+            }
+        }
+        Some(headers)
+    }
 }
 
 /// How long a producer being replaced with new settings may take to deliver what it holds
@@ -321,6 +378,7 @@ impl Shipper {
             recreations: std::sync::atomic::AtomicU64::new(0),
             reconfigure_flush: RECONFIGURE_FLUSH,
             topic: config.kafka.topic.clone(),
+            headers: RwLock::new(Arc::new(RecordHeaders::new(config))),
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
             reached_once: Arc::new(AtomicBool::new(false)),
@@ -350,6 +408,7 @@ impl Shipper {
     /// producer between batches (at once if idle); the old one first delivers what it holds (for
     /// up to `RECONFIGURE_FLUSH`), and whatever it still holds then comes back to the buffer.
     pub fn reconfigure(&self, config: &Config) {
+        *self.headers.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(RecordHeaders::new(config));
         let client = producer_config(config, &self.buffer);
         *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
         self.reconfigured.notify_one();
@@ -540,6 +599,10 @@ impl Shipper {
         let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);
+        }
+        let headers = self.headers.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if let Some(headers) = headers.for_record(&payload) {
+            base = base.headers(headers);
         }
         loop {
             match producer.send(base) {

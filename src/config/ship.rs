@@ -11,6 +11,12 @@ use serde::{Deserialize, Serialize};
 use super::{At, ConfigError};
 pub use crate::envelope::EnvelopeKind;
 
+/// Most static headers (`ship.headers`).
+pub const MAX_HEADERS: usize = 32;
+
+/// What every metadata header's name starts with (`ship.metadata_headers`).
+pub const METADATA_HEADER_PREFIX: &str = "sluice.";
+
 /// `ship.linger`'s default (see [`ShipConfig::linger`]).
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(20);
 
@@ -35,11 +41,24 @@ pub struct ShipConfig {
     /// From 1s to about 24.8 days (librdkafka's limit), longer than `linger`. Default `2m`.
     #[serde(with = "humantime_serde")]
     pub delivery_timeout: Duration,
-    /// The Kafka message key: `"none"`, `"pod_name"`, or `"field"` (the JSON record's top-level
-    /// field named by `key_field`). Default `"none"`.
+    /// The Kafka message key: `"none"`, `"pod_name"`, `"field"` (the JSON record's top-level
+    /// field named by `key_field`) or `"template"` (`key_template`). Default `"none"`.
     pub key: KeySource,
     /// The field used when `key = "field"`. Records without it are sent without a key.
     pub key_field: Option<String>,
+    /// The key when `key = "template"`: text with `{pod.name}`, `{pod.namespace}`,
+    /// `{pod.container}`, `{pod.node}` and `{record.FIELD}` (a JSON record's top-level field),
+    /// e.g. `"{pod.namespace}/{record.user_id}"`. A record lacking a field it names is sent
+    /// without a key. Applies on reload to records read after it.
+    pub key_template: Option<String>,
+    /// Kafka headers every record carries, name → value (at most 32; names not starting with
+    /// `sluice.`, which `metadata_headers` uses). Default none.
+    pub headers: BTreeMap<String, String>,
+    /// Whether each record also carries its metadata as headers — `sluice.id`,
+    /// `sluice.ingest_time` (RFC 3339), and `sluice.pod.name`, `sluice.pod.namespace`,
+    /// `sluice.pod.container`, `sluice.pod.node` where the Downward API gives them — the same
+    /// values as its envelope, readable without decoding it. Default `false`.
+    pub metadata_headers: bool,
     /// How records are encoded in Kafka: `"binary"` (a binary header, then the record as
     /// written: fewer bytes and less CPU per record) or `"json"` (the JSON envelope every
     /// persister reads; for upgrading agents before their persisters). docs/PROTOCOL.md
@@ -58,6 +77,9 @@ impl Default for ShipConfig {
             delivery_timeout: Duration::from_secs(120),
             key: KeySource::None,
             key_field: None,
+            key_template: None,
+            headers: BTreeMap::new(),
+            metadata_headers: false,
             envelope: EnvelopeKind::Binary,
             properties: BTreeMap::new(),
         }
@@ -74,6 +96,8 @@ pub enum KeySource {
     PodName,
     /// A top-level field of JSON records (`ship.key_field`).
     Field,
+    /// A template over the pod and the record (`ship.key_template`).
+    Template,
 }
 
 impl ShipConfig {
@@ -116,6 +140,28 @@ impl ShipConfig {
                 return Err(at.invalid("key_field", "must not be empty"));
             }
             _ => {}
+        }
+        match (self.key, &self.key_template) {
+            (KeySource::Template, None) => {
+                return Err(at.invalid("key_template", "is required when ship.key = \"template\""));
+            }
+            (KeySource::Template, Some(template)) => {
+                if let Err(error) = crate::template::Template::parse(template) {
+                    return Err(at.invalid("key_template", error.to_string()));
+                }
+            }
+            _ => {}
+        }
+        if self.headers.len() > MAX_HEADERS {
+            return Err(at.invalid("headers", format!("at most {MAX_HEADERS} headers")));
+        }
+        for (name, value) in &self.headers {
+            if name.is_empty() || name.starts_with(METADATA_HEADER_PREFIX) || name.len() > 255 || value.len() > 4096 {
+                return Err(at.invalid(
+                    &format!("headers.{name}"),
+                    "a header name is 1–255 bytes not starting with `sluice.`, its value at most 4 KiB",
+                ));
+            }
         }
         super::kafka::reject_managed(at, "properties", &self.properties, super::kafka::Clients::Producer)?;
         super::kafka::reject_refused(at, "properties", &self.properties)

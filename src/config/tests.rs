@@ -148,6 +148,20 @@ fn a_multiline_rule_is_one_compiling_pattern_or_preset_within_the_record_limit()
 }
 
 #[test]
+fn a_key_template_and_headers_are_checked_at_load_naming_the_key() {
+    assert_eq!(invalid_key("[ship]\nkey = \"template\"\n"), "ship.key_template");
+    assert_eq!(invalid_key("[ship]\nkey = \"template\"\nkey_template = \"{pod.uid}\"\n"), "ship.key_template");
+    assert_eq!(invalid_key("[ship.headers]\n\"sluice.id\" = \"forged\"\n"), "ship.headers.sluice.id");
+    let many: String = (0..33).map(|n| format!("h{n} = \"v\"\n")).collect();
+    assert_eq!(invalid_key(&format!("[ship.headers]\n{many}")), "ship.headers");
+    let config = Config::from_toml(
+        "[ship]\nkey = \"template\"\nkey_template = \"{pod.namespace}/{record.user}\"\nmetadata_headers = true\n[ship.headers]\nteam = \"a\"\n",
+    )
+    .expect("valid");
+    assert_eq!(config.ship.headers["team"], "a");
+}
+
+#[test]
 fn the_example_configs_in_the_repository_are_valid() {
     // The production-shaped examples in config/examples need their Secret's variable; tests/it/cli.rs
     // checks them with `sluice check-config` and the variable set.

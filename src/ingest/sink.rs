@@ -91,6 +91,8 @@ pub struct RecordSink<'a> {
     arena: BytesMut,
     /// The key rule as last read, with the generation it was read at.
     key_rule: Option<(u64, KeyRule)>,
+    /// Where a key template is rendered (kept between records).
+    key_text: String,
     /// A transformed record (syslog, Forward).
     transformed: Vec<u8>,
     /// Records of the batch being offered ([`RecordSink::offer_many`]) that already hold their
@@ -128,6 +130,7 @@ impl<'a> RecordSink<'a> {
             peer,
             arena: BytesMut::new(),
             key_rule: None,
+            key_text: String::new(),
             pending: Vec::new(),
             batching: false,
             stamp: None,
@@ -302,6 +305,12 @@ impl<'a> RecordSink<'a> {
             KeyRule::None => None,
             KeyRule::Fixed(key) => Some(key.clone()),
             KeyRule::Field(field) => field_key(text, field),
+            KeyRule::Template(template, pod) => {
+                let mut key = std::mem::take(&mut self.key_text);
+                let rendered = template.render(pod, text, &mut key).then(|| Bytes::copy_from_slice(key.as_bytes()));
+                self.key_text = key;
+                rendered
+            }
         };
         if payload.len() + key.as_ref().map_or(0, Bytes::len) > self.ingest.max_message {
             // Within max_record_size as written, but its message is larger than anything the

@@ -17,6 +17,7 @@ mod persist;
 mod pipeline;
 mod protocols;
 mod reload;
+mod routing;
 mod schema;
 mod sessions;
 mod soak;

@@ -184,6 +184,10 @@ pub struct TopicContents {
     pub payloads: Vec<String>,
     /// Each message's first byte: its envelope's encoding (`{` JSON, 2 binary).
     pub first_bytes: Vec<u8>,
+    /// Each message's key (lossy text), if it has one.
+    pub keys: Vec<Option<String>>,
+    /// Each message's headers, name and (lossy text) value, in order.
+    pub headers: Vec<Vec<(String, String)>>,
 }
 
 impl TopicContents {
@@ -216,8 +220,14 @@ pub async fn read_topic(bootstrap: &str, topic: &str) -> TopicContents {
                 remaining += (high - low) as u64;
             }
         }
-        let mut contents =
-            TopicContents { messages: 0, ids: Vec::new(), payloads: Vec::new(), first_bytes: Vec::new() };
+        let mut contents = TopicContents {
+            messages: 0,
+            ids: Vec::new(),
+            payloads: Vec::new(),
+            first_bytes: Vec::new(),
+            keys: Vec::new(),
+            headers: Vec::new(),
+        };
         if remaining > 0 {
             consumer.assign(&assignment).expect("assign");
         }
@@ -229,6 +239,24 @@ pub async fn read_topic(bootstrap: &str, topic: &str) -> TopicContents {
             contents.messages += 1;
             let value = message.payload().unwrap_or_default();
             contents.first_bytes.push(value.first().copied().unwrap_or_default());
+            contents.keys.push(message.key().map(|key| String::from_utf8_lossy(key).into_owned()));
+            contents.headers.push(
+                message
+                    .headers()
+                    .map(|headers| {
+                        use rdkafka::message::Headers as _;
+                        headers
+                            .iter()
+                            .map(|header| {
+                                (
+                                    header.key.to_string(),
+                                    String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            );
             match sluice::envelope::Envelope::parse(value) {
                 Ok(envelope) => {
                     contents.payloads.push(envelope.body.written().to_owned());
