@@ -13,6 +13,7 @@
 pub mod connections;
 pub mod host;
 pub mod kafka;
+pub mod otlp;
 pub mod pod;
 pub mod report;
 pub mod run;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_harness::bench::{connections, pod, run, spool};
+use sluice_harness::bench::{connections, otlp, pod, run, spool};
 
 #[derive(Parser)]
 #[command(name = "sluice-bench", about = "Sluice's benchmarks (scripts/bench, bench-spool, bench-connections)")]
@@ -84,6 +84,16 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         repeat: u32,
     },
+    /// scripts/bench-otlp: records/s and agent CPU per record of OTLP (HTTP, gRPC) beside lines,
+    /// on one agent.
+    Otlp {
+        /// Records per phase.
+        #[arg(default_value_t = 500_000)]
+        records: u64,
+        /// Records per Export.
+        #[arg(default_value_t = 512)]
+        batch: u64,
+    },
     /// scripts/bench-pod: one sidecar's cost — CPU, wake-ups, RSS — idle, at 1k and 10k records/s.
     Pod {
         /// Seconds per phase.
@@ -117,6 +127,9 @@ async fn main() -> ExitCode {
             persist_alone(records, topic, (sample, kafka_connect), repeat, &root, services).await
         }
         Command::MaxRate { values, repeat } => max_rate(&values, repeat, &root, services).await,
+        Command::Otlp { records, batch } => {
+            otlp::run(&otlp::Settings { records, batch }, &services).await.map_err(anyhow::Error::from)
+        }
         Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
             connections::run(&connections::Settings { records, idle, slow }, &services)
