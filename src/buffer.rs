@@ -255,6 +255,9 @@ struct Shared {
     largest_message: usize,
     /// `when_full` and `block_timeout`; a config reload may change them.
     policy: std::sync::RwLock<Policy>,
+    /// Bytes librdkafka holds beside each record for its Kafka headers (`ship.headers`,
+    /// `ship.metadata_headers`): part of each record's cost, so headers stay within the budget.
+    header_bytes: std::sync::atomic::AtomicUsize,
     spool: Option<Arc<Spool>>,
     /// Bytes (with overhead) of records handed to the shipper and not yet settled: in flight at
     /// librdkafka or waiting in `retry`. Neither can be evicted, so with a spool they may use at
@@ -402,6 +405,7 @@ impl Buffer {
                     when_full: config.when_full,
                     block_timeout: config.block_timeout,
                 }),
+                header_bytes: AtomicUsize::new(0),
                 spool,
                 shipping: AtomicUsize::new(0),
                 ages: Ages::default(),
@@ -430,7 +434,14 @@ impl Buffer {
     pub fn cost(&self, payload_len: usize, key_len: usize) -> usize {
         // Config validation keeps records far below the budget; clamp so an oversized record
         // can still be admitted alone instead of waiting forever.
-        (payload_len + key_len + RECORD_OVERHEAD).clamp(1, self.shared.max_bytes)
+        let headers = self.shared.header_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (payload_len + key_len + RECORD_OVERHEAD + headers).clamp(1, self.shared.max_bytes)
+    }
+
+    /// What each record's Kafka headers cost beside it (a reload may change them; records
+    /// already admitted keep the cost they were admitted with).
+    pub fn set_header_bytes(&self, bytes: usize) {
+        self.shared.header_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The spool writer's side: waits for accepted records and moves up to `max` into `out`.

@@ -268,6 +268,16 @@ impl KeyRule {
             KeySource::Field => KeyRule::Field(ship.key_field.clone().unwrap_or_default()),
             KeySource::Template => {
                 match ship.key_template.as_deref().map(crate::template::Template::parse) {
+                    // The same for every record: rendered once.
+                    Some(Ok(template)) if !template.reads_records() => {
+                        let mut key = String::new();
+                        if template.render(pod, "", &mut key) {
+                            KeyRule::Fixed(Bytes::from(key))
+                        } else {
+                            warn!(template = %template, "ship.key_template names a pod field the Downward API does not give; records are sent without a key");
+                            KeyRule::None
+                        }
+                    }
                     Some(Ok(template)) => KeyRule::Template(Arc::new(template), Arc::new(pod.clone())),
                     // Validated at load: not reached.
                     _ => KeyRule::None,

@@ -127,7 +127,8 @@ pub fn producer_config(config: &Config, share: impl Into<ProducerShare>) -> Clie
     if client.get("batch.num.messages").is_none() {
         client.set("batch.num.messages", batch_messages.to_string());
     }
-    let message_max = (share.largest_message + MESSAGE_FRAMING).clamp(1_000_000, 1_000_000_000);
+    let message_max =
+        (share.largest_message + MESSAGE_FRAMING + RecordHeaders::MAX_BYTES).clamp(1_000_000, 1_000_000_000);
     // A client id set in the properties is kept (Kafka's quotas are per client id).
     if client.get("client.id").is_none() {
         client.set("client.id", "sluice-agent");
@@ -304,6 +305,22 @@ pub struct RecordHeaders {
 }
 
 impl RecordHeaders {
+    /// The most a record's headers may take: static ones are capped at 4 KiB in all (config), the
+    /// metadata ones are below 2 KiB (an id, a time, four Kubernetes names).
+    pub const MAX_BYTES: usize = 8 * 1024;
+
+    /// What librdkafka holds beside each record for these headers (their names and values, and
+    /// its own ~40 bytes per header), charged to each record's budget (`Buffer::cost`).
+    pub fn bytes(&self) -> usize {
+        const PER_HEADER: usize = 40;
+        let fixed: usize = self.fixed.iter().map(|(name, value)| name.len() + value.len() + PER_HEADER).sum();
+        let metadata = self.pod.as_ref().map_or(0, |pod| {
+            let id_and_time = "sluice.id".len() + 60 + "sluice.ingest_time".len() + 32 + 2 * PER_HEADER;
+            id_and_time + pod.iter().map(|(name, value)| name.len() + value.len() + PER_HEADER).sum::<usize>()
+        });
+        fixed + metadata
+    }
+
     /// The headers `config` asks for (the pod's fields from the Downward API's environment).
     pub fn new(config: &Config) -> Self {
         let fixed = config.ship.headers.iter().map(|(name, value)| (name.clone(), value.clone())).collect();
@@ -367,6 +384,8 @@ impl Shipper {
     /// non-zero).
     pub fn new(config: &Config, buffer: Buffer, tasks: Tasks) -> Result<Self, ShipError> {
         let client = producer_config(config, &buffer);
+        let headers = RecordHeaders::new(config);
+        buffer.set_header_bytes(headers.bytes());
         let polling = Arc::new(());
         let producer = Self::create(&client, &buffer, &tasks, &polling)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
@@ -378,7 +397,7 @@ impl Shipper {
             recreations: std::sync::atomic::AtomicU64::new(0),
             reconfigure_flush: RECONFIGURE_FLUSH,
             topic: config.kafka.topic.clone(),
-            headers: RwLock::new(Arc::new(RecordHeaders::new(config))),
+            headers: RwLock::new(Arc::new(headers)),
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
             reached_once: Arc::new(AtomicBool::new(false)),
@@ -408,7 +427,9 @@ impl Shipper {
     /// producer between batches (at once if idle); the old one first delivers what it holds (for
     /// up to `RECONFIGURE_FLUSH`), and whatever it still holds then comes back to the buffer.
     pub fn reconfigure(&self, config: &Config) {
-        *self.headers.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(RecordHeaders::new(config));
+        let headers = RecordHeaders::new(config);
+        self.buffer.set_header_bytes(headers.bytes());
+        *self.headers.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(headers);
         let client = producer_config(config, &self.buffer);
         *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
         self.reconfigured.notify_one();

@@ -158,7 +158,10 @@ impl AckTracker {
 
     fn settle(&self, seq: u64, refused: Option<Refused>) {
         let mut state = self.lock();
-        if let Some(reason) = refused {
+        // A record released unreported (`release_unreported`) has no one to be told of.
+        if let Some(reason) = refused
+            && seq > state.reported_upto
+        {
             state.refusals.push((seq, reason));
         }
         if seq == state.settled_upto + 1 {
@@ -207,6 +210,18 @@ impl AckTracker {
             self.budget.release(newly);
         }
         events
+    }
+
+    /// Its writer will not hear about the records still unreported (an OTLP Export answered
+    /// "retry" before they settled): their share of the budget goes back now; they settle
+    /// later unreported.
+    pub fn release_unreported(&self) {
+        let mut state = self.lock();
+        let unreported = state.issued - state.reported_upto;
+        state.reported_upto = state.issued;
+        state.refusals.clear();
+        drop(state);
+        self.budget.release(unreported);
     }
 
     /// The connection has read its last record.
@@ -341,6 +356,21 @@ mod tests {
         drop(first);
         tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("room").expect("task");
         assert_eq!(budget.unreported(), 0);
+    }
+
+    #[test]
+    fn records_released_unreported_give_their_budget_back_once() {
+        let budget = AckBudget::new(100, 100);
+        let tracker = AckTracker::within(AckPoint::Delivered, budget.clone());
+        let (one, two) = (tracker.issue(), tracker.issue());
+        assert_eq!(budget.unreported(), 2);
+        tracker.release_unreported();
+        assert_eq!(budget.unreported(), 0, "the writer was answered: the budget is free");
+        one.durable();
+        two.refused(Dropped::DropNewest);
+        assert!(tracker.take_events().is_empty(), "nothing more to tell");
+        drop(tracker);
+        assert_eq!(budget.unreported(), 0, "not released twice");
     }
 
     #[tokio::test]

@@ -14,6 +14,9 @@ pub use crate::envelope::EnvelopeKind;
 /// Most static headers (`ship.headers`).
 pub const MAX_HEADERS: usize = 32;
 
+/// Most bytes of static headers' names and values together.
+pub const MAX_HEADER_BYTES: usize = 4096;
+
 /// What every metadata header's name starts with (`ship.metadata_headers`).
 pub const METADATA_HEADER_PREFIX: &str = "sluice.";
 
@@ -51,8 +54,9 @@ pub struct ShipConfig {
     /// e.g. `"{pod.namespace}/{record.user_id}"`. A record lacking a field it names is sent
     /// without a key. Applies on reload to records read after it.
     pub key_template: Option<String>,
-    /// Kafka headers every record carries, name → value (at most 32; names not starting with
-    /// `sluice.`, which `metadata_headers` uses). Default none.
+    /// Kafka headers every record carries, name → value (at most 32 and 4 KiB in all; names not
+    /// starting with `sluice.`, which `metadata_headers` uses). Each record's budget in the
+    /// buffer counts its headers. Default none.
     pub headers: BTreeMap<String, String>,
     /// Whether each record also carries its metadata as headers — `sluice.id`,
     /// `sluice.ingest_time` (RFC 3339), and `sluice.pod.name`, `sluice.pod.namespace`,
@@ -154,6 +158,9 @@ impl ShipConfig {
         }
         if self.headers.len() > MAX_HEADERS {
             return Err(at.invalid("headers", format!("at most {MAX_HEADERS} headers")));
+        }
+        if self.headers.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>() > MAX_HEADER_BYTES {
+            return Err(at.invalid("headers", "at most 4 KiB of names and values in all (each record carries them)"));
         }
         for (name, value) in &self.headers {
             if name.is_empty() || name.starts_with(METADATA_HEADER_PREFIX) || name.len() > 255 || value.len() > 4096 {

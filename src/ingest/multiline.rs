@@ -120,7 +120,7 @@ enum State {
 #[derive(Debug, Default)]
 pub struct Pushed {
     /// A record the line completed (the one before it), to be offered.
-    pub completed: Option<Vec<u8>>,
+    pub completed: Option<Joined>,
     /// The line itself as a record of its own, to be offered after `completed`: the pool had no
     /// room even for it.
     pub alone: Option<Vec<u8>>,
@@ -128,6 +128,15 @@ pub struct Pushed {
     pub split: Option<Split>,
     /// The line was joined to the record before it.
     pub joined: bool,
+}
+
+/// A record joined, with its room in the pool: held until the record is in the buffer (or
+/// counted), so a finished record waiting for buffer room still counts against the pool.
+#[derive(Debug)]
+pub struct Joined {
+    /// The record: its lines, separated by `\n`.
+    pub bytes: Vec<u8>,
+    _room: Option<OwnedSemaphorePermit>,
 }
 
 /// One connection's record being joined.
@@ -243,12 +252,11 @@ impl Joiner {
     }
 
     /// The record being joined, handed on (at `flush_timeout`, or the connection's end).
-    pub fn take(&mut self) -> Option<Vec<u8>> {
+    pub fn take(&mut self) -> Option<Joined> {
         if self.lines == 0 {
             return None;
         }
         self.lines = 0;
-        self.room = None;
         if matches!(self.state, State::AfterException) {
             self.state = State::Normal;
         }
@@ -257,7 +265,12 @@ impl Joiner {
         while record.last() == Some(&b'\n') {
             record.pop();
         }
-        Some(record)
+        Some(Joined { bytes: record, _room: self.room.take() })
+    }
+
+    /// Bytes of the record being joined.
+    pub fn held(&self) -> usize {
+        self.pending.len()
     }
 
     /// Takes `bytes` of the pool's room for the record, without waiting.
@@ -301,11 +314,11 @@ mod tests {
         let mut out = Vec::new();
         for line in text.lines() {
             let pushed = joiner.push(line.as_bytes());
-            for record in pushed.completed.into_iter().chain(pushed.alone) {
+            for record in pushed.completed.map(|joined| joined.bytes).into_iter().chain(pushed.alone) {
                 out.push(String::from_utf8(record).expect("utf-8"));
             }
         }
-        out.extend(joiner.take().map(|record| String::from_utf8(record).expect("utf-8")));
+        out.extend(joiner.take().map(|record| String::from_utf8(record.bytes).expect("utf-8")));
         out
     }
 
@@ -361,7 +374,10 @@ mod tests {
         );
         assert!(joiner.push(b"2026- a").completed.is_none());
         let pushed = joiner.push(b"bbbb");
-        assert_eq!((pushed.split, pushed.completed.as_deref()), (Some(Split::MaxBytes), Some(&b"2026- a"[..])));
+        assert_eq!(
+            (pushed.split, pushed.completed.map(|joined| joined.bytes).as_deref()),
+            (Some(Split::MaxBytes), Some(&b"2026- a"[..]))
+        );
     }
 
     #[test]
@@ -373,13 +389,17 @@ mod tests {
         assert!(joiner.push(b"S12345").completed.is_none());
         let pushed = joiner.push(b"continued");
         assert_eq!(pushed.split, Some(Split::Pool));
-        assert_eq!(pushed.completed.as_deref(), Some(&b"S12345"[..]));
-        assert_eq!(joiner.take().as_deref(), Some(&b"continued"[..]));
+        let completed = pushed.completed.expect("the record before");
+        assert_eq!(completed.bytes, b"S12345");
+        assert_eq!(pool.available_permits(), 6, "a finished record keeps its room until it is in the buffer");
+        assert_eq!(pushed.alone.as_deref(), Some(&b"continued"[..]), "no room left to join it: on its own");
+        drop(completed);
+        assert!(!joiner.pending());
         assert_eq!(pool.available_permits(), 12, "every byte's room given back");
         assert!(joiner.push(b"S1").completed.is_none());
         let pushed = joiner.push(b"a line longer than the whole pool");
         assert_eq!(pushed.split, Some(Split::Pool));
-        assert_eq!(pushed.completed.as_deref(), Some(&b"S1"[..]));
+        assert_eq!(pushed.completed.map(|joined| joined.bytes).as_deref(), Some(&b"S1"[..]));
         assert_eq!(pushed.alone.as_deref(), Some(&b"a line longer than the whole pool"[..]), "on its own, at once");
         assert!(!joiner.pending());
     }

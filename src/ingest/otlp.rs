@@ -56,6 +56,9 @@ pub const BODY_POOL_BYTES: usize = 32 * 1024 * 1024;
 /// the others wait with only their bodies.
 pub const EXPORT_SLOTS: usize = 4;
 
+/// Bodies at least this large are inflated and decoded on the blocking pool.
+const BLOCKING_DECODE: usize = 64 * 1024;
+
 /// HTTP/2 streams a connection may have open at once (the SDKs send one Export at a time).
 const MAX_STREAMS: u32 = 16;
 
@@ -126,6 +129,8 @@ struct Shared {
     connections: Arc<Semaphore>,
     /// Where Exports run once read (the agent's connection tracker: the drain waits for them).
     tasks: TaskTracker,
+    /// The next TCP connection's number, apart from the Unix socket's (from 2^62).
+    tcp_ids: std::sync::atomic::AtomicU64,
     metrics: ExportMetrics,
 }
 
@@ -219,6 +224,7 @@ pub async fn serve(
         connections: Arc::new(Semaphore::new(listener.config.max_connections as usize)),
         metrics: ExportMetrics::new(&listener.name),
         tasks: tracker.clone(),
+        tcp_ids: std::sync::atomic::AtomicU64::new(1 << 62),
         ingest,
         listener,
     });
@@ -263,7 +269,7 @@ async fn accept_unix(socket: UnixListener, shared: Arc<Shared>, tracker: TaskTra
 
 async fn accept_tcp(socket: TcpListener, shared: Arc<Shared>, tracker: TaskTracker, stop: CancellationToken) {
     // Numbered apart from the Unix socket's connections (rate-limit buckets are per connection).
-    let mut next_id = 1 << 62;
+    // One numbering for all the listener's addresses (rate-limit buckets are per connection).
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -271,7 +277,7 @@ async fn accept_tcp(socket: TcpListener, shared: Arc<Shared>, tracker: TaskTrack
         };
         match accepted {
             Ok((stream, _)) => {
-                next_id += 1;
+                let next_id = shared.tcp_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Err(error) = stream.set_nodelay(true) {
                     debug!(%error, "could not set TCP_NODELAY");
                 }
@@ -611,23 +617,39 @@ impl Job {
             shared.metrics.count(self.transport, Outcome::Retry);
             return Done::Busy;
         };
-        let decoded = match self.gzip {
-            true => decode::inflate(&self.body, limit)
-                .and_then(|bytes| decode::decode(&bytes, self.json, limit * decode::DECODED_BUDGET_FACTOR)),
-            false => decode::decode(&self.body, self.json, limit * decode::DECODED_BUDGET_FACTOR),
+
+        let budget = limit * decode::DECODED_BUDGET_FACTOR;
+        let (body, gzip, json) = (self.body.clone(), self.gzip, self.json);
+        let work = move || match gzip {
+            true => decode::inflate(&body, limit).and_then(|bytes| decode::decode(&bytes, json, budget)),
+            false => decode::decode(&body, json, budget),
+        };
+        // A large body inflates and decodes off the runtime's workers (milliseconds per MiB).
+        let decoded = if self.body.len() >= BLOCKING_DECODE {
+            tokio::task::spawn_blocking(work)
+                .await
+                .unwrap_or_else(|error| Err(Refusal::Malformed(format!("decoding failed: {error}"))))
+        } else {
+            work()
         };
         let request = match decoded {
             Ok(request) => request,
             Err(refusal) => {
-                listener.metrics.rejected(match refusal {
-                    Refusal::TooLarge(_) => Rejected::TooLarge,
-                    Refusal::Malformed(_) => Rejected::Malformed,
-                });
+                match &refusal {
+                    // Each record it holds, refused (the SDK does not send it again).
+                    Refusal::TooLarge { records, .. } => {
+                        for _ in 0..(*records).max(1) {
+                            listener.metrics.rejected(Rejected::TooLarge);
+                        }
+                    }
+                    Refusal::Malformed(_) => listener.metrics.rejected(Rejected::Malformed),
+                }
                 shared.metrics.count(self.transport, Outcome::Refused);
                 return Done::Refused(refusal);
             }
         };
-        let answer = export::export(&request, self.body.len(), &shared.ingest, listener, self.sender, deadline).await;
+        let answer =
+            export::export(request, _slot, self.body.len(), &shared.ingest, listener, self.sender, deadline).await;
         let outcome = match &answer {
             Answer::Done { rejected: 0, .. } => Outcome::Ok,
             Answer::Done { .. } => Outcome::PartialSuccess,
@@ -719,8 +741,8 @@ async fn http_export(request: Request<Incoming>, shared: &Arc<Shared>, sender: S
             http_retry(status, &message, json)
         }
         Done::Busy => http_retry(StatusCode::SERVICE_UNAVAILABLE, "busy: no export slot within export_timeout", json),
-        Done::Refused(Refusal::TooLarge(message)) => {
-            http_status(StatusCode::PAYLOAD_TOO_LARGE, Code::InvalidArgument, message, json)
+        Done::Refused(Refusal::TooLarge { why, .. }) => {
+            http_status(StatusCode::PAYLOAD_TOO_LARGE, Code::InvalidArgument, why, json)
         }
         Done::Refused(Refusal::Malformed(message)) => {
             http_status(StatusCode::BAD_REQUEST, Code::InvalidArgument, &message, json)
@@ -843,7 +865,7 @@ async fn grpc_export(request: Request<Incoming>, shared: &Arc<Shared>, sender: S
             grpc_status(code, &message, true)
         }
         Done::Busy => grpc_status(Code::Unavailable, "busy: no export slot within export_timeout", true),
-        Done::Refused(Refusal::TooLarge(message)) => grpc_status(Code::InvalidArgument, message, false),
+        Done::Refused(Refusal::TooLarge { why, .. }) => grpc_status(Code::InvalidArgument, why, false),
         Done::Refused(Refusal::Malformed(message)) => grpc_status(Code::InvalidArgument, &message, false),
     }
 }

@@ -111,6 +111,8 @@ pub struct RecordSink<'a> {
     multiline: Option<super::multiline::Joiner>,
     /// Counted locally and flushed in batches: the hot path touches no shared counter.
     records: u64,
+    /// Lines joined by `multiline`, counted like `records`.
+    joined: u64,
     bytes: u64,
 }
 
@@ -141,6 +143,7 @@ impl<'a> RecordSink<'a> {
                 .map(|rule| super::multiline::Joiner::new(rule.clone(), ingest.multiline_pool.clone())),
             transformed: Vec::new(),
             records: 0,
+            joined: 0,
             bytes: 0,
         }
     }
@@ -161,15 +164,23 @@ impl<'a> RecordSink<'a> {
             && self.stamp.is_none()
             && let Some(joiner) = &mut self.multiline
         {
+            let before = joiner.held();
             let pushed = joiner.push(bytes);
+            let after = joiner.held();
+            // The record being joined is read and not yet a record: the read-buffer gauge's.
+            self.listener.buffered(after as i64 - before as i64);
             if pushed.joined {
-                self.listener.metrics.lines_joined.increment(1);
+                self.joined += 1;
             }
             if let Some(split) = pushed.split {
                 self.listener.metrics.split(split);
             }
-            for record in pushed.completed.into_iter().chain(pushed.alone) {
-                self.offer_one(&record, None).await;
+            if let Some(joined) = pushed.completed {
+                // Its room in the pool is held until it is in the buffer.
+                self.offer_one(&joined.bytes, None).await;
+            }
+            if let Some(alone) = pushed.alone {
+                self.offer_one(&alone, None).await;
             }
             return;
         }
@@ -179,8 +190,11 @@ impl<'a> RecordSink<'a> {
     /// The record being joined, if any, offered now: `flush_timeout` passed without a line, or
     /// the connection is ending or draining.
     pub async fn flush_multiline(&mut self) {
-        if let Some(record) = self.multiline.as_mut().and_then(super::multiline::Joiner::take) {
-            self.offer_one(&record, None).await;
+        let Some(joiner) = self.multiline.as_mut() else { return };
+        let held = joiner.held();
+        if let Some(joined) = joiner.take() {
+            self.listener.buffered(-(held as i64));
+            self.offer_one(&joined.bytes, None).await;
         }
     }
 
@@ -432,6 +446,7 @@ impl<'a> RecordSink<'a> {
         self.flush_counters();
         self.pending.shrink_to(IDLE_BATCH);
         self.transformed.shrink_to(IDLE_TRANSFORMED);
+        self.key_text.shrink_to(IDLE_TRANSFORMED);
         if let Some(joiner) = &mut self.multiline {
             joiner.shrink();
         }
@@ -439,6 +454,10 @@ impl<'a> RecordSink<'a> {
 
     /// Adds the local counts to the listener's counters.
     pub fn flush_counters(&mut self) {
+        if self.joined > 0 {
+            self.listener.metrics.lines_joined.increment(self.joined);
+            self.joined = 0;
+        }
         if self.records > 0 {
             self.listener.metrics.records.increment(self.records);
             self.listener.metrics.bytes.increment(self.bytes);
@@ -450,6 +469,15 @@ impl<'a> RecordSink<'a> {
 
 impl Drop for RecordSink<'_> {
     fn drop(&mut self) {
+        // Only a task stopped mid-way (a panic) leaves a record being joined here: it was never
+        // handed on, counted as cut short.
+        if let Some(joiner) = &mut self.multiline {
+            let held = joiner.held();
+            if joiner.take().is_some() {
+                self.listener.buffered(-(held as i64));
+                self.listener.metrics.rejected(Rejected::Truncated);
+            }
+        }
         // Only a batch cut short (its task stopped mid-way) leaves records here.
         self.flush_pending();
         self.flush_counters();

@@ -24,8 +24,14 @@ pub const DECODED_BUDGET_FACTOR: usize = 4;
 /// Why a body gives no request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// Over `max_message_size` inflated, or over the decoding budget.
-    TooLarge(&'static str),
+    /// Over `max_message_size` inflated, or over the decoding budget: why, and how many log
+    /// records it holds (0 where unknown: each is counted `too_large`, at least one).
+    TooLarge {
+        /// Said to the client.
+        why: &'static str,
+        /// Its log records, when the walk counted them.
+        records: u64,
+    },
     /// Not OTLP.
     Malformed(String),
 }
@@ -36,7 +42,9 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<Vec<u8>, Refusal> {
     let mut inflated = Vec::new();
     let mut reader = flate2::read::MultiGzDecoder::new(bytes).take(limit as u64 + 1);
     match reader.read_to_end(&mut inflated) {
-        Ok(_) if inflated.len() > limit => Err(Refusal::TooLarge("larger than max_message_size once inflated")),
+        Ok(_) if inflated.len() > limit => {
+            Err(Refusal::TooLarge { why: "larger than max_message_size once inflated", records: 0 })
+        }
         Ok(_) => Ok(inflated),
         Err(error) => Err(Refusal::Malformed(format!("gzip: {error}"))),
     }
@@ -44,9 +52,10 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<Vec<u8>, Refusal> {
 
 /// The request of a protobuf or JSON body, if what it would build stays within `budget` bytes.
 pub fn decode(bytes: &[u8], json: bool, budget: usize) -> Result<ExportLogsServiceRequest, Refusal> {
-    let cost = if json { json_cost(bytes) } else { decoded_cost(bytes).map_err(Refusal::Malformed)? };
+    let (cost, records) = if json { (json_cost(bytes), 0) } else { decoded_cost(bytes).map_err(Refusal::Malformed)? };
     if cost > budget {
-        return Err(Refusal::TooLarge("decodes to more than the agent holds for one Export (many tiny records)"));
+        let why = "decodes to more than the agent holds for one Export (many tiny records)";
+        return Err(Refusal::TooLarge { why, records });
     }
     if json {
         serde_json::from_slice::<ExportLogsServiceRequest>(bytes)
@@ -125,15 +134,22 @@ impl Kind {
 /// Nesting the walk follows (prost itself stops at 100).
 const MAX_DEPTH: usize = 100;
 
-/// What decoding `bytes` as an `ExportLogsServiceRequest` builds, estimated: each message the
-/// sizes of its struct, each string or bytes field its length. Malformed wire data is an error.
-pub fn decoded_cost(bytes: &[u8]) -> Result<usize, String> {
-    let mut cost = std::mem::size_of::<ExportLogsServiceRequest>();
+/// What decoding `bytes` as an `ExportLogsServiceRequest` builds, estimated — each message the
+/// size of its struct, each string or bytes field its length — and how many log records it
+/// holds. Malformed wire data is an error.
+pub fn decoded_cost(bytes: &[u8]) -> Result<(usize, u64), String> {
+    let mut cost = Cost { bytes: std::mem::size_of::<ExportLogsServiceRequest>(), records: 0 };
     walk(bytes, Kind::Request, 0, &mut cost)?;
-    Ok(cost)
+    Ok((cost.bytes, cost.records))
 }
 
-fn walk(mut bytes: &[u8], kind: Kind, depth: usize, cost: &mut usize) -> Result<(), String> {
+/// What the walk adds up.
+struct Cost {
+    bytes: usize,
+    records: u64,
+}
+
+fn walk(mut bytes: &[u8], kind: Kind, depth: usize, cost: &mut Cost) -> Result<(), String> {
     if depth > MAX_DEPTH {
         return Err("OTLP protobuf: nested too deep".into());
     }
@@ -154,12 +170,15 @@ fn walk(mut bytes: &[u8], kind: Kind, depth: usize, cost: &mut usize) -> Result<
                 let (inner, rest) = bytes.split_at(len);
                 bytes = rest;
                 match kind.child(field) {
-                    Some((Kind::Opaque, size)) => *cost = cost.saturating_add(size + len),
+                    Some((Kind::Opaque, size)) => cost.bytes = cost.bytes.saturating_add(size + len),
                     Some((child, size)) => {
-                        *cost = cost.saturating_add(size);
+                        cost.bytes = cost.bytes.saturating_add(size);
+                        if matches!(child, Kind::LogRecord) {
+                            cost.records += 1;
+                        }
                         walk(inner, child, depth + 1, cost)?;
                     }
-                    None => *cost = cost.saturating_add(len),
+                    None => cost.bytes = cost.bytes.saturating_add(len),
                 }
             }
             _ => return Err(format!("OTLP protobuf: wire type {wire} is not used by OTLP")),
@@ -200,11 +219,12 @@ mod tests {
         // 2 bytes each on the wire, ~200 each decoded.
         let tiny = request(vec![LogRecord::default(); 100_000]).encode_to_vec();
         assert!(tiny.len() < 300_000);
-        let cost = decoded_cost(&tiny).expect("well formed");
+        let (cost, records) = decoded_cost(&tiny).expect("well formed");
         assert!(cost >= 100_000 * std::mem::size_of::<LogRecord>(), "{cost}");
-        assert!(matches!(decode(&tiny, false, 4 * tiny.len()), Err(Refusal::TooLarge(_))));
+        assert_eq!(records, 100_000);
+        assert!(matches!(decode(&tiny, false, 4 * tiny.len()), Err(Refusal::TooLarge { records: 100_000, .. })));
         let json = format!(r#"{{"resourceLogs":[{{"scopeLogs":[{{"logRecords":[{}{{}}]}}]}}]}}"#, "{},".repeat(50_000));
-        assert!(matches!(decode(json.as_bytes(), true, 4 * json.len()), Err(Refusal::TooLarge(_))));
+        assert!(matches!(decode(json.as_bytes(), true, 4 * json.len()), Err(Refusal::TooLarge { .. })));
     }
 
     #[test]
@@ -212,7 +232,7 @@ mod tests {
         let body = |n: usize| Some(AnyValue { value: Some(any_value::Value::StringValue("x".repeat(200 + n % 7))) });
         let records = (0..512).map(|n| LogRecord { body: body(n), severity_number: 9, ..Default::default() }).collect();
         let bytes = request(records).encode_to_vec();
-        let cost = decoded_cost(&bytes).expect("well formed");
+        let (cost, _) = decoded_cost(&bytes).expect("well formed");
         assert!(cost < 4 * bytes.len(), "{cost} for {} bytes", bytes.len());
         assert_eq!(
             decode(&bytes, false, 4 * bytes.len()).expect("decoded").resource_logs[0].scope_logs[0].log_records.len(),
@@ -237,6 +257,6 @@ mod tests {
         let mut two = gzip(b"first ");
         two.extend(gzip(b"second"));
         assert_eq!(inflate(&two, 100).expect("inflated"), b"first second");
-        assert!(matches!(inflate(&gzip(&[0; 4096]), 4095), Err(Refusal::TooLarge(_))));
+        assert!(matches!(inflate(&gzip(&[0; 4096]), 4095), Err(Refusal::TooLarge { .. })));
     }
 }

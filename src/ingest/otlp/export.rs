@@ -107,16 +107,18 @@ pub struct Sender {
 }
 
 /// Offers `request`'s records (`wire_len` bytes as sent) and waits until each settled, or
-/// `deadline` (the listener's `export_timeout`) or the drain's passes.
+/// `deadline` (the listener's `export_timeout`) or the drain's passes. The request and its
+/// decoding `slot` go once every record is offered: the wait for acknowledgements holds neither.
 pub async fn export(
-    request: &ExportLogsServiceRequest,
+    request: ExportLogsServiceRequest,
+    slot: tokio::sync::OwnedSemaphorePermit,
     wire_len: usize,
     ingest: &IngestContext,
     listener: &ListenerContext,
     sender: Sender,
     deadline: &CancellationToken,
 ) -> Answer {
-    let total = convert::count(request);
+    let total = convert::count(&request);
     if total == 0 {
         return Answer::Done { rejected: 0, message: String::new() };
     }
@@ -127,7 +129,7 @@ pub async fn export(
     let mut sink = RecordSink::new(ingest, listener, sender.limit_key, sender.peer).until(deadline.clone());
     let mut offered = 0;
     let max_record = listener.config.max_record_bytes();
-    for json in convert::records(request, max_record) {
+    for json in convert::records(&request, max_record) {
         // Records that settle at once (refused, or room in the buffer) never make this loop
         // wait: it gives the worker back now and then.
         tokio::task::consume_budget().await;
@@ -159,14 +161,25 @@ pub async fn export(
                 sink.timed_out();
             }
         }
+        // Records offered before keep their acks until they settle; the writer is answered now,
+        // so their share of the acknowledgement budget goes back now.
+        tracker.release_unreported();
         return Answer::Retry {
-            why: RetryWhy::Unavailable,
+            why: refusals.retry.unwrap_or(RetryWhy::Unavailable),
             message: format!("{unoffered} of {total} records found no room in time; retry later"),
         };
     }
     drop(sink);
+    drop(request);
+    drop(slot);
     tracker.finish_reading();
-    wait_for_settlement(&tracker, ingest, deadline, &mut refusals).await.unwrap_or_else(|| refusals.answer())
+    match wait_for_settlement(&tracker, ingest, deadline, &mut refusals).await {
+        Some(retry) => {
+            tracker.release_unreported();
+            retry
+        }
+        None => refusals.answer(),
+    }
 }
 
 /// Waits until every record of the Export is reported; `Some` answer if a deadline came first.
