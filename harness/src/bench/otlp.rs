@@ -157,6 +157,7 @@ impl Exports {
 /// One HTTP/1.1 connection posting Exports until none is left, each answered before the next.
 async fn http_sender(address: SocketAddr, exports: Arc<Exports>) -> Result<(), RunError> {
     let mut stream = tokio::net::TcpStream::connect(address).await.map_err(failed)?;
+    stream.set_nodelay(true).map_err(failed)?;
     let mut answer = Vec::with_capacity(4096);
     while let Some(body) = exports.take() {
         let head = format!(
@@ -202,6 +203,8 @@ async fn http_sender(address: SocketAddr, exports: Arc<Exports>) -> Result<(), R
 /// One HTTP/2 connection calling `LogsService/Export` until none is left, each answered first.
 async fn grpc_sender(address: SocketAddr, exports: Arc<Exports>) -> Result<(), RunError> {
     let stream = tokio::net::TcpStream::connect(address).await.map_err(failed)?;
+    // As gRPC clients do: no Nagle wait between a request's frames.
+    stream.set_nodelay(true).map_err(failed)?;
     let (client, connection) = h2::client::handshake(stream).await.map_err(failed)?;
     tokio::spawn(connection);
     let mut client = client.ready().await.map_err(failed)?;
