@@ -149,7 +149,8 @@ impl<'a> RecordSink<'a> {
     }
 
     /// The sink's records wait for buffer room and rate limits only until `deadline` is cancelled
-    /// (see [`RecordSink::deadline`]).
+    /// (an OTLP Export's `export_timeout`): a record that would wait past it is refused
+    /// (`block_timeout`, `rate_limited`) and its writer told to retry.
     pub fn until(mut self, deadline: CancellationToken) -> Self {
         self.deadline = Some(deadline);
         self
