@@ -463,6 +463,18 @@ pub struct Listener {
     context: Arc<ListenerContext>,
 }
 
+/// Who is on the other end of a Unix stream connection (`SO_PEERCRED`); nobody's (uid 0, no
+/// pid) where the kernel does not say.
+pub fn peer_of(stream: &tokio::net::UnixStream) -> Peer {
+    match stream.peer_cred() {
+        Ok(cred) => Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() },
+        Err(error) => {
+            debug!(%error, "no peer credentials");
+            Peer::default()
+        }
+    }
+}
+
 /// Binds every configured listener (all or none: a conflict fails start-up).
 pub fn bind_all(config: &IngestConfig) -> Result<Vec<Listener>, IngestError> {
     config.listeners.iter().map(|(name, listener)| Listener::bind(name, listener)).collect()

@@ -36,7 +36,7 @@ use super::sink::RecordSink;
 use super::{IngestContext, ListenerContext};
 use crate::buffer::ack::AckTracker;
 use crate::config::Protocol;
-use crate::envelope::{Peer, PeerFragment};
+use crate::envelope::PeerFragment;
 use crate::telemetry::outcome::{ConnectionRefused, Rejected};
 
 /// After shutdown starts, a connection keeps reading while data keeps coming, and stops once it
@@ -101,13 +101,7 @@ pub async fn serve(
     ingest: Arc<IngestContext>,
     stop: CancellationToken,
 ) {
-    let peer = match stream.peer_cred() {
-        Ok(cred) => Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() },
-        Err(error) => {
-            debug!(%error, "no peer credentials");
-            Peer::default()
-        }
-    };
+    let peer = super::peer_of(&stream);
     if !listener.admits(&peer) {
         debug!(uid = peer.uid, gid = peer.gid, "peer not in the allowlist; closing");
         listener.metrics.refused(ConnectionRefused::PeerDenied);

@@ -249,13 +249,7 @@ async fn accept_unix(socket: UnixListener, shared: Arc<Shared>, tracker: TaskTra
         match accepted {
             Ok((stream, _)) => {
                 next_id += 1;
-                let peer = match stream.peer_cred() {
-                    Ok(cred) => Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() },
-                    Err(error) => {
-                        debug!(%error, "no peer credentials");
-                        Peer::default()
-                    }
-                };
+                let peer = super::peer_of(&stream);
                 if !shared.listener.admits(&peer) {
                     shared.listener.metrics.refused(ConnectionRefused::PeerDenied);
                     continue;

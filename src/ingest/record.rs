@@ -48,6 +48,45 @@ pub fn validate(bytes: &[u8], max_json_depth: usize) -> Result<&str, Rejected> {
 /// most of a log record's bytes are.
 pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
     let mut depth = 0usize;
+    let exceeded = for_each_bracket(bytes, |byte| match byte {
+        b'{' | b'[' => {
+            depth += 1;
+            depth > max
+        }
+        _ => {
+            depth = depth.saturating_sub(1);
+            false
+        }
+    });
+    exceeded == Scan::Stopped
+}
+
+/// How many objects and arrays `bytes` opens, outside strings (the same scan as
+/// [`json_depth_exceeds`]).
+pub fn json_containers(bytes: &[u8]) -> usize {
+    let mut containers = 0usize;
+    for_each_bracket(bytes, |byte| {
+        if matches!(byte, b'{' | b'[') {
+            containers += 1;
+        }
+        false
+    });
+    containers
+}
+
+/// How a bracket scan ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// `each` asked to stop.
+    Stopped,
+    /// The bytes ended (or a string in them never closed).
+    Ended,
+}
+
+/// Calls `each` with every `{`, `[`, `}` and `]` of `bytes` outside strings, until it returns
+/// true. Inside a string the scan jumps from quote or backslash to the next with memchr, which is
+/// where most of a log record's bytes are.
+fn for_each_bracket(bytes: &[u8], mut each: impl FnMut(u8) -> bool) -> Scan {
     let mut at = 0;
     while at < bytes.len() {
         match bytes[at] {
@@ -61,30 +100,30 @@ pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
                             at = from + offset;
                             break;
                         }
-                        None => return false,
+                        None => return Scan::Ended,
                     }
                     if from >= bytes.len() {
-                        return false;
+                        return Scan::Ended;
                     }
                 }
             }
-            b'{' | b'[' => {
-                depth += 1;
-                if depth > max {
-                    return true;
-                }
-            }
-            b'}' | b']' => depth = depth.saturating_sub(1),
+            byte @ (b'{' | b'[' | b'}' | b']') if each(byte) => return Scan::Stopped,
             _ => {}
         }
         at += 1;
     }
-    false
+    Scan::Ended
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_objects_and_arrays_outside_strings() {
+        assert_eq!(json_containers(br#"{"a":[{"b":"{[x"},[]]}"#), 4);
+        assert_eq!(json_containers(br#""\"{""#), 0, "an escaped quote does not end the string");
+    }
 
     #[test]
     fn accepts_text_and_json_within_limits() {

@@ -68,26 +68,9 @@ pub fn decode(bytes: &[u8], json: bool, budget: usize) -> Result<ExportLogsServi
 /// An upper bound of what a JSON body decodes to: every object or array as large as a
 /// `LogRecord`, and its bytes.
 fn json_cost(bytes: &[u8]) -> usize {
-    let mut containers = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in bytes {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-        } else {
-            match byte {
-                b'"' => in_string = true,
-                b'{' | b'[' => containers += 1,
-                _ => {}
-            }
-        }
-    }
-    containers.saturating_mul(std::mem::size_of::<LogRecord>()).saturating_add(bytes.len())
+    crate::ingest::record::json_containers(bytes)
+        .saturating_mul(std::mem::size_of::<LogRecord>())
+        .saturating_add(bytes.len())
 }
 
 /// The messages of the OTLP logs schema the walk knows.
