@@ -112,7 +112,8 @@ pub async fn run(
     let (buffer, spool_writer) = open_buffer(&config).await?;
     // Every task runs under `tasks`; one that fails starts the drain, like a signal.
     let tasks = Tasks::new(shutdown.clone());
-    let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone())?);
+    let topics = Arc::new(crate::topic::Topics::new(&config.kafka, &pod));
+    let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone(), topics.clone())?);
     let admin = AdminServer::open(admin, &config.agent.admin_listen, ConfigEndpoint::agent(&config)).await?;
     let listeners = ingest::bind_all(&config.ingest)?;
     // Announced once everything is bound: a reader of the file may then use the sockets too.
@@ -133,6 +134,7 @@ pub async fn run(
         buffer: buffer.clone(),
         envelopes,
         key: KeyRules::new(KeyRule::new(&config.ship, &pod)),
+        topics,
         ack_point: config.ack_point(),
         max_json_depth: config.ingest.max_json_depth as usize,
         max_message: usize::try_from(config.largest_message()).unwrap_or(usize::MAX),
@@ -410,6 +412,13 @@ impl Live {
             != (new.ship.key, &new.ship.key_field, &new.ship.key_template)
         {
             self.context.key.set(KeyRule::new(&new.ship, &self.pod));
+        }
+        if (&old.kafka.topic, &old.kafka.default_topic, old.kafka.max_topics)
+            != (&new.kafka.topic, &new.kafka.default_topic, new.kafka.max_topics)
+        {
+            // Records already routed keep their topic; the ones read from now on take the new.
+            self.context.topics.set(&new.kafka, &self.pod);
+            info!(topic = %new.kafka.topic, "kafka.topic applied to records read from now on");
         }
         if old.ship.envelope != new.ship.envelope {
             self.context.envelopes.set_kind(new.ship.envelope);

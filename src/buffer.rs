@@ -164,11 +164,18 @@ impl From<&Buffer> for ProducerShare {
     }
 }
 
+/// A Kafka topic's name, shared by every record routed to it.
+pub type Topic = std::sync::Arc<str>;
+
 /// A record between socket and Kafka acknowledgement.
 #[derive(Debug)]
 pub struct Record {
     /// The envelope bytes sent as the Kafka message value.
     pub payload: Bytes,
+    /// The Kafka topic it was routed to when it was read (`kafka.topic`; a reload leaves it);
+    /// `None` only for a record an earlier release spooled: the default topic
+    /// (`kafka.default_topic`, or the plain `kafka.topic`).
+    pub topic: Option<Topic>,
     /// The Kafka message key, if any.
     pub key: Option<Bytes>,
     /// The record's share of the budget; dropping it gives the share back.

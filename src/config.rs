@@ -34,7 +34,7 @@ pub use self::ingest::{
     AckPoint, IngestConfig, ListenerConfig, MultilineConfig, MultilinePreset, Protocol, RateLimitAction,
     RateLimitConfig, RateLimitKey, Transport,
 };
-pub use self::kafka::KafkaConfig;
+pub use self::kafka::{KafkaConfig, valid_topic};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::persist::PersistConfig;
 pub use self::postgres::{PostgresConfig, valid_identifier};
@@ -107,6 +107,18 @@ impl Config {
         match (self.ingest.ack_point, self.buffer.kind) {
             (Some(AckPoint::Delivered), _) | (None, BufferKind::Memory) => AckPoint::Delivered,
             (Some(AckPoint::Spooled), _) | (None, BufferKind::Disk) => AckPoint::Spooled,
+        }
+    }
+
+    /// What the persister subscribes to: `persist.topics`, or by default `kafka.topic` — when
+    /// that is a template, the pattern of every topic it renders and `kafka.default_topic`.
+    pub fn subscriptions(&self) -> Vec<String> {
+        if !self.persist.topics.is_empty() {
+            return self.persist.topics.clone();
+        }
+        match self.kafka.topic_pattern() {
+            Some(pattern) => vec![pattern, self.kafka.fallback_topic().to_string()],
+            None => vec![self.kafka.topic.clone()],
         }
     }
 

@@ -117,6 +117,9 @@ pub struct IngestContext {
     pub envelopes: EnvelopeWriter,
     /// How the Kafka key is chosen; a config reload may change it.
     pub key: KeyRules,
+    /// Each record's Kafka topic (`kafka.topic`); a config reload may change it. Shared with
+    /// the shipper (an unknown topic's records go to the default topic).
+    pub topics: Arc<crate::topic::Topics>,
     /// When acknowledged-mode writers (and Forward clients asking for acks) hear that a record
     /// is safe.
     pub ack_point: AckPoint,

@@ -24,6 +24,7 @@ pub mod telemetry;
 pub mod template;
 #[cfg(test)]
 mod test_support;
+pub mod topic;
 
 #[cfg(test)]
 mod tests {

@@ -206,8 +206,9 @@ pub async fn run(
         let context =
             PersistContext { health: health.clone(), errors: telemetry::librdkafka::ErrorTotals::default(), lag: lag.clone() };
         let consumer: Arc<PersistConsumer> = Arc::new(consumer_config(&config).create_with_context(context)?);
-        consumer.subscribe(&[config.kafka.topic.as_str()])?;
-        info!(topic = %config.kafka.topic, group = %config.persist.group_id, "persister consuming");
+        let topics = config.subscriptions();
+        consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+        info!(topics = %topics.join(", "), group = %config.persist.group_id, "persister consuming");
         let maintenance = tasks.service("maintenance", shutdown.clone(), maintain(config.clone(), shutdown.clone()));
         let lag_stop = CancellationToken::new();
         let lag_task =

@@ -82,6 +82,26 @@ pub fn classify(error: &KafkaError) -> Disposition {
     }
 }
 
+/// A record whose topic the broker does not know (and does not create) goes to the default
+/// topic, counted (`sluice_ingest_topic_defaults_total{reason="unknown_topic"}`): true if it was
+/// rerouted. A record of the default topic waits, as any record does while Kafka cannot take it.
+fn reroute_unknown(topics: &crate::topic::Topics, error: &KafkaError, in_flight: &mut InFlight) -> bool {
+    if !matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+    ) {
+        return false;
+    }
+    let Some(topic) = &in_flight.topic else { return false };
+    match topics.unknown(topic) {
+        Some(default) => {
+            in_flight.topic = Some(default);
+            true
+        }
+        None => false,
+    }
+}
+
 /// The reason given to a writer whose record Kafka will never accept.
 fn give_up_reason(error: &KafkaError) -> Failed {
     match error.rdkafka_error_code() {
@@ -275,7 +295,8 @@ pub struct Shipper {
     recreations: std::sync::atomic::AtomicU64,
     /// How long a producer replaced with new settings may take to deliver what it holds.
     reconfigure_flush: Duration,
-    topic: String,
+    /// Each record's topic: its own, and where it goes if the broker does not know it.
+    topics: Arc<crate::topic::Topics>,
     /// The headers each record carries (`ship.headers`, `ship.metadata_headers`); a reload
     /// replaces them.
     headers: RwLock<Arc<RecordHeaders>>,
@@ -382,12 +403,17 @@ impl Shipper {
     /// Creates the producer. It connects lazily; [`Shipper::probe`] tells when Kafka answers.
     /// A panic while settling delivered records fails `tasks` (the agent drains and exits
     /// non-zero).
-    pub fn new(config: &Config, buffer: Buffer, tasks: Tasks) -> Result<Self, ShipError> {
+    pub fn new(
+        config: &Config,
+        buffer: Buffer,
+        tasks: Tasks,
+        topics: Arc<crate::topic::Topics>,
+    ) -> Result<Self, ShipError> {
         let client = producer_config(config, &buffer);
         let headers = RecordHeaders::new(config);
         buffer.set_header_bytes(headers.bytes());
         let polling = Arc::new(());
-        let producer = Self::create(&client, &buffer, &tasks, &polling)?;
+        let producer = Self::create(&client, &buffer, &tasks, &polling, &topics)?;
         metrics::counter!(telemetry::SHIP_PRODUCER_RECREATIONS).increment(0);
         Ok(Self {
             config: RwLock::new(client),
@@ -396,7 +422,7 @@ impl Shipper {
             producer: RwLock::new(Arc::new(producer)),
             recreations: std::sync::atomic::AtomicU64::new(0),
             reconfigure_flush: RECONFIGURE_FLUSH,
-            topic: config.kafka.topic.clone(),
+            topics,
             headers: RwLock::new(Arc::new(headers)),
             buffer,
             reachable: Arc::new(AtomicBool::new(false)),
@@ -415,8 +441,10 @@ impl Shipper {
         buffer: &Buffer,
         tasks: &Tasks,
         polling: &Arc<()>,
+        topics: &Arc<crate::topic::Topics>,
     ) -> Result<Producer_, ShipError> {
-        Ok(Producer_::create(client, ShipContext::new(buffer.clone(), tasks.clone()), polling.clone())?)
+        let context = ShipContext::new(buffer.clone(), tasks.clone(), topics.clone());
+        Ok(Producer_::create(client, context, polling.clone())?)
     }
 
     fn producer(&self) -> Arc<Producer_> {
@@ -480,7 +508,7 @@ impl Shipper {
             *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         }
         let client = self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let fresh = match Self::create(&client, &self.buffer, &self.tasks, &self.polling) {
+        let fresh = match Self::create(&client, &self.buffer, &self.tasks, &self.polling, &self.topics) {
             Ok(producer) => Arc::new(producer),
             Err(error) => {
                 error!(%error, "cannot create a replacement producer; retrying");
@@ -616,8 +644,9 @@ impl Shipper {
 
     async fn send(&self, record: Record, stop: &CancellationToken) {
         let (payload, key, in_flight) = InFlight::new(record);
+        let topic = in_flight.topic.clone().unwrap_or_else(|| self.topics.default_topic());
         let mut producer = self.producer();
-        let mut base = BaseRecord::with_opaque_to(&self.topic, in_flight).payload(&payload[..]);
+        let mut base = BaseRecord::with_opaque_to(&topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);
         }
@@ -661,6 +690,14 @@ impl Shipper {
                         self.buffer.give_up(*returned.delivery_opaque, failed);
                         return;
                     }
+                    let mut in_flight = returned.delivery_opaque;
+                    if reroute_unknown(&self.topics, &error, &mut in_flight) {
+                        // librdkafka knows the topic does not exist: sent again, to the default
+                        // topic, by the shipper's next turn.
+                        self.buffer.retry(*in_flight, &payload, key.as_deref());
+                        return;
+                    }
+                    let returned = BaseRecord { delivery_opaque: in_flight, ..returned };
                     // QueueFull: librdkafka holds its share of the budget; wait for reports.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     base = returned;
@@ -673,7 +710,7 @@ impl Shipper {
     /// reachability flags and `sluice_kafka_reachable`; the caller says what changed.
     pub async fn probe(&self, timeout: Duration) -> Result<(), KafkaError> {
         let producer = self.producer();
-        let topic = self.topic.clone();
+        let topic = self.topics.default_topic().to_string();
         let answer =
             tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout).map(drop))
                 .await

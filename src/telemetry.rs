@@ -39,6 +39,11 @@ pub const INGEST_REJECTED: &str = "sluice_ingest_records_rejected_total";
 pub const INGEST_THROTTLED: &str = "sluice_ingest_records_throttled_total";
 /// Bytes read from connections and not yet turned into records.
 pub const INGEST_READ_BUFFER_BYTES: &str = "sluice_ingest_read_buffer_bytes";
+/// Records sent to `kafka.default_topic` because the `kafka.topic` template could not route
+/// them, by `reason` (`missing_field`, `invalid_topic`, `max_topics`, `unknown_topic`).
+pub const INGEST_TOPIC_DEFAULTS: &str = "sluice_ingest_topic_defaults_total";
+/// Distinct topics the `kafka.topic` template routes to (at most `kafka.max_topics`).
+pub const INGEST_TOPICS: &str = "sluice_ingest_topics";
 /// Lines a `multiline` listener joined to the record before them.
 pub const INGEST_LINES_JOINED: &str = "sluice_ingest_lines_joined_total";
 /// Records a multiline limit cut before their rule ended them, by `reason` (`max_lines`,
@@ -279,6 +284,8 @@ fn describe_all() {
     describe_counter!(INGEST_REJECTED, "Records refused at the socket, by reason.");
     describe_counter!(INGEST_THROTTLED, "Records that waited for their rate limit.");
     describe_gauge!(INGEST_READ_BUFFER_BYTES, Unit::Bytes, "Bytes read from connections, not yet records.");
+    describe_counter!(INGEST_TOPIC_DEFAULTS, "Records sent to kafka.default_topic, by reason.");
+    describe_gauge!(INGEST_TOPICS, "Distinct topics the kafka.topic template routes to.");
     describe_counter!(INGEST_LINES_JOINED, "Lines joined to the record before them (multiline).");
     describe_counter!(INGEST_RECORDS_SPLIT, "Records a multiline limit cut, by reason.");
     describe_counter!(INGEST_OTLP_EXPORTS, "OTLP Exports answered, by transport and outcome.");

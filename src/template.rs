@@ -1,5 +1,5 @@
 //! Templates over a record's pod and its fields: `"{pod.namespace}/{record.user}"`, for the Kafka
-//! key (`ship.key = "template"`) — and, next, for topics.
+//! key (`ship.key = "template"`) and the topic (`kafka.topic`).
 //!
 //! Owns: the syntax — literal text, and `{pod.name}`, `{pod.namespace}`, `{pod.container}`,
 //! `{pod.node}` (the Downward API's), `{record.FIELD}` (a top-level field of a JSON record: a
@@ -96,6 +96,15 @@ impl Template {
     /// Whether it reads record fields (else it renders the same for every record).
     pub fn reads_records(&self) -> bool {
         self.parts.iter().any(|part| matches!(part, Part::Record(_)))
+    }
+
+    /// Its parts in order: `Some(text)` for literal text, `None` for a field (what the persister's
+    /// topic pattern matches with any text).
+    pub fn pattern_parts(&self) -> impl Iterator<Item = Option<&str>> {
+        self.parts.iter().map(|part| match part {
+            Part::Literal(text) => Some(text.as_str()),
+            _ => None,
+        })
     }
 
     /// Renders for `record` (its text as written) on `pod` into `out` (cleared first); false,

@@ -59,7 +59,12 @@ fn spool_segment(records: &[(Option<&[u8]>, Vec<u8>)]) -> (Vec<u8>, Vec<usize>) 
     let entries: Vec<Entry<'_>> = records
         .iter()
         .enumerate()
-        .map(|(i, (key, payload))| Entry { ingest_ms: 1_780_315_200_000 + i as u64, key: *key, payload })
+        .map(|(i, (key, payload))| Entry {
+            ingest_ms: 1_780_315_200_000 + i as u64,
+            topic: (i % 2 == 0).then_some("sluice-logs"),
+            key: *key,
+            payload,
+        })
         .collect();
     let appended = writer.append(&entries);
     assert!(appended.error.is_none() && appended.positions.len() == records.len(), "every record appended");

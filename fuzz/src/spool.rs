@@ -47,6 +47,8 @@ pub fn segment(data: &[u8]) {
 pub struct Record {
     /// Unix milliseconds.
     pub ingest_ms: u64,
+    /// Kafka topic (none: a frame as segment version 2 wrote it).
+    pub topic: Option<String>,
     /// Kafka key.
     pub key: Option<Vec<u8>>,
     /// Envelope.
@@ -54,7 +56,7 @@ pub struct Record {
 }
 
 /// Records described by `data`: per record a byte `h` (bit 7: a key of `(h >> 4) & 7` bytes;
-/// the low four bits move the ingest time), a payload length byte, then the key and the payload
+/// bit 3: a topic `t<low three bits>`; the low three bits move the ingest time), a payload length byte, then the key and the payload
 /// (as much as is left). Key and payload bytes are made printable ASCII: they are envelope JSON
 /// and text keys, which never hold a byte 0x00–0x05, the last byte of every length a frame may
 /// declare (at most `MAX_BODY`, little-endian), so no record holds a whole frame of its own and
@@ -75,8 +77,9 @@ pub fn records(mut data: &[u8]) -> Vec<Record> {
             (None, rest)
         };
         let (payload, rest) = rest.split_at(payload_len.min(rest.len()));
-        let ingest_ms = BASE_MS + out.len() as u64 * 1000 + u64::from(h & 0x0F);
-        out.push(Record { ingest_ms, key, payload: printable(payload) });
+        let ingest_ms = BASE_MS + out.len() as u64 * 1000 + u64::from(h & 0x07);
+        let topic = (h & 0x08 != 0).then(|| format!("t{}", h & 0x07));
+        out.push(Record { ingest_ms, topic, key, payload: printable(payload) });
         data = rest;
     }
     out
@@ -88,7 +91,7 @@ pub fn write(records: &[Record]) -> (Vec<u8>, Vec<usize>) {
     let mut file = HEADER.to_vec();
     let mut ends = Vec::with_capacity(records.len());
     for record in records {
-        format::encode(record.ingest_ms, record.key.as_deref(), &record.payload, &mut file);
+        format::encode(record.ingest_ms, record.topic.as_deref(), record.key.as_deref(), &record.payload, &mut file);
         ends.push(file.len());
     }
     (file, ends)
@@ -124,7 +127,12 @@ fn stream(data: &[u8], max_body: usize) -> (Vec<Record>, bool) {
 }
 
 fn record_of(frame: &Frame<'_>) -> Record {
-    Record { ingest_ms: frame.ingest_ms, key: frame.key.map(<[u8]>::to_vec), payload: frame.payload.to_vec() }
+    Record {
+        ingest_ms: frame.ingest_ms,
+        topic: frame.topic.map(str::to_string),
+        key: frame.key.map(<[u8]>::to_vec),
+        payload: frame.payload.to_vec(),
+    }
 }
 
 /// `scan`, with its memory checked.
@@ -149,7 +157,7 @@ fn frames_of(data: &[u8], report: &ScanReport) -> Vec<Record> {
 /// Any file: the accounting, the repair and the stream reader (see the module docs).
 pub fn file(data: &[u8]) {
     let report = scan(data);
-    let header_ok = data.starts_with(HEADER);
+    let header_ok = format::header_ok(data);
     assert_eq!(report.header_ok, header_ok, "header verdict");
     if !header_ok {
         assert!(report.frames.is_empty(), "frames trusted behind a wrong header");
@@ -208,7 +216,7 @@ pub fn file(data: &[u8]) {
 }
 
 fn frame_body_len(record: &Record) -> usize {
-    format::frame_len(record.key.as_deref(), &record.payload) - format::FRAME_OVERHEAD
+    format::frame_len(record.topic.as_deref(), record.key.as_deref(), &record.payload) - format::FRAME_OVERHEAD
 }
 
 /// A valid segment cut at any length: exactly the records before the cut, and one damaged

@@ -38,6 +38,7 @@ impl Buffer {
     pub async fn push(
         &self,
         payload: Bytes,
+        topic: Option<super::Topic>,
         key: Option<Bytes>,
         ingest_ms: u64,
         mut ack: Option<Ack>,
@@ -54,7 +55,7 @@ impl Buffer {
                 return Err(BufferFull(reason));
             }
         };
-        let record = Record { payload, key, lease, retries: 0, pos: None, ingest_ms, ack, maybe_stored: false };
+        let record = Record { payload, topic, key, lease, retries: 0, pos: None, ingest_ms, ack, maybe_stored: false };
         if self.shared.spool.is_none() {
             self.shared.ages.held(ingest_ms);
         }

@@ -75,6 +75,7 @@ impl Buffer {
             untouched = false;
             out.push(Record {
                 payload: record.payload,
+                topic: record.topic,
                 key: record.key,
                 lease,
                 retries: 0,

@@ -27,6 +27,8 @@ use crate::telemetry::repeats::Repeats;
 /// so the buffer keeps no copy of records in flight).
 #[derive(Debug)]
 pub struct InFlight {
+    /// The topic it is sent to (`None`: the default topic; see [`Record::topic`]).
+    pub(crate) topic: Option<super::Topic>,
     lease: Lease,
     retries: u32,
     /// Where it is in the spool (disk type).
@@ -43,9 +45,9 @@ pub struct InFlight {
 impl InFlight {
     /// A record as it goes to the producer: its payload and key, and what travels with it.
     pub fn new(record: Record) -> (Bytes, Option<Bytes>, Box<InFlight>) {
-        let Record { payload, key, lease, retries, pos, ingest_ms, ack, maybe_stored } = record;
+        let Record { payload, topic, key, lease, retries, pos, ingest_ms, ack, maybe_stored } = record;
         let payload_len = payload.len();
-        (payload, key, Box::new(InFlight { lease, retries, pos, ingest_ms, ack, maybe_stored, payload_len }))
+        (payload, key, Box::new(InFlight { topic, lease, retries, pos, ingest_ms, ack, maybe_stored, payload_len }))
     }
 
     /// When the agent read the record (Unix ms).
@@ -168,9 +170,10 @@ impl Buffer {
     /// (it never left the budget: this never waits and never drops), `payload` and `key` as
     /// librdkafka hands them back. Sent before fresh records, in the order the failures came.
     pub fn retry(&self, in_flight: InFlight, payload: &[u8], key: Option<&[u8]>) {
-        let InFlight { lease, retries, pos, ingest_ms, ack, maybe_stored, .. } = in_flight;
+        let InFlight { topic, lease, retries, pos, ingest_ms, ack, maybe_stored, .. } = in_flight;
         self.requeue(Record {
             payload: Bytes::copy_from_slice(payload),
+            topic,
             key: key.map(Bytes::copy_from_slice),
             lease,
             retries: retries.saturating_add(1),

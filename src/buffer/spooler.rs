@@ -22,6 +22,9 @@ use crate::config::WhenFull;
 use crate::telemetry;
 use crate::telemetry::outcome::{Dropped, Failed, LetGo, Refused};
 
+/// A record's frame as the spool writer takes it: ingest time, topic, key, envelope.
+type Frame = (u64, Option<super::Topic>, Option<bytes::Bytes>, bytes::Bytes);
+
 /// Most records written per batch.
 const WRITE_BATCH: usize = 1024;
 /// How often delivered segments are deleted and an interval fsync is checked while idle.
@@ -172,20 +175,29 @@ impl Spooler {
     async fn write(&mut self, mut records: Vec<Record>, stop: &CancellationToken) {
         crate::lifecycle::fail_point("spool");
         while !records.is_empty() {
-            let frame_bytes: u64 =
-                records.iter().map(|r| super::spool::segment::frame_len(r.key.as_deref(), &r.payload) as u64).sum();
+            let frame_bytes: u64 = records
+                .iter()
+                .map(|r| super::spool::segment::frame_len(r.topic.as_deref(), r.key.as_deref(), &r.payload) as u64)
+                .sum();
             let need = self.spool().disk_for(frame_bytes);
             let Some(fitting) = self.make_room(need, &mut records, stop).await else {
                 return;
             };
-            let frames: Vec<(u64, Option<bytes::Bytes>, bytes::Bytes)> =
-                records[..fitting].iter().map(|r| (r.ingest_ms, r.key.clone(), r.payload.clone())).collect();
+            let frames: Vec<Frame> = records[..fitting]
+                .iter()
+                .map(|r| (r.ingest_ms, r.topic.clone(), r.key.clone(), r.payload.clone()))
+                .collect();
             let running = self.sync.is_some();
             let (appended, end, due) = self
                 .blocking(move |writer| {
                     let borrowed: Vec<Entry<'_>> = frames
                         .iter()
-                        .map(|(ingest_ms, key, payload)| Entry { ingest_ms: *ingest_ms, key: key.as_deref(), payload })
+                        .map(|(ingest_ms, topic, key, payload)| Entry {
+                            ingest_ms: *ingest_ms,
+                            topic: topic.as_deref(),
+                            key: key.as_deref(),
+                            payload,
+                        })
                         .collect();
                     let appended = writer.append(&borrowed);
                     // Under steady load the housekeeping tick may not get a turn: check the
@@ -300,7 +312,8 @@ impl Spooler {
         let mut frames = 0;
         let mut keep = 0;
         for record in records {
-            let len = super::spool::segment::frame_len(record.key.as_deref(), &record.payload) as u64;
+            let len = super::spool::segment::frame_len(record.topic.as_deref(), record.key.as_deref(), &record.payload)
+                as u64;
             if spool.disk_for(frames + len) > room {
                 break;
             }

@@ -31,7 +31,7 @@ fn payload(len: usize) -> Bytes {
 }
 
 async fn push(buffer: &Buffer, len: usize) -> Result<(), BufferFull> {
-    buffer.push(payload(len), None, 1_000, None, &mut Admission::default()).await
+    buffer.push(payload(len), None, None, 1_000, None, &mut Admission::default()).await
 }
 
 fn lens(records: &[Record]) -> Vec<usize> {
@@ -115,16 +115,16 @@ async fn block_timeout_holds_a_writer_once_then_sheds_until_there_is_room() {
         BufferConfig { block_timeout: Some(Duration::from_secs(1)), ..config(room(1, 10), 10, WhenFull::Block) };
     let buffer = Buffer::new(&config);
     let mut admission = Admission::default();
-    buffer.push(payload(10), None, 1_000, None, &mut admission).await.expect("room");
+    buffer.push(payload(10), None, None, 1_000, None, &mut admission).await.expect("room");
 
     let started = tokio::time::Instant::now();
-    let first = buffer.push(payload(10), None, 1_000, None, &mut admission).await;
+    let first = buffer.push(payload(10), None, None, 1_000, None, &mut admission).await;
     assert_eq!(first, Err(BufferFull(Dropped::BlockTimeout)));
     assert_eq!(started.elapsed(), Duration::from_secs(1), "held for exactly the timeout");
 
     let started = tokio::time::Instant::now();
     assert_eq!(
-        buffer.push(payload(10), None, 1_000, None, &mut admission).await,
+        buffer.push(payload(10), None, None, 1_000, None, &mut admission).await,
         Err(BufferFull(Dropped::BlockTimeout))
     );
     assert_eq!(started.elapsed(), Duration::ZERO, "while still full, later records are dropped at once");
@@ -132,7 +132,7 @@ async fn block_timeout_holds_a_writer_once_then_sheds_until_there_is_room() {
     let mut batch = Vec::new();
     buffer.pop_batch(10, &mut batch);
     batch.clear();
-    buffer.push(payload(10), None, 1_000, None, &mut admission).await.expect("room again ends the shedding");
+    buffer.push(payload(10), None, None, 1_000, None, &mut admission).await.expect("room again ends the shedding");
     assert!(!admission.shedding);
 }
 
@@ -209,7 +209,7 @@ async fn a_refused_record_settles_its_ack_as_refused_with_the_policy_name() {
     let buffer = buffer(room(1, 10), 10, WhenFull::DropNewest);
     let tracker = ack::AckTracker::new(AckPoint::Delivered);
     push(&buffer, 10).await.expect("room");
-    let result = buffer.push(payload(10), None, 1_000, Some(tracker.issue()), &mut Admission::default()).await;
+    let result = buffer.push(payload(10), None, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await;
     assert!(result.is_err());
     assert_eq!(
         tracker.take_events(),
@@ -240,7 +240,7 @@ mod disk {
         buffer.pop_intake_now(usize::MAX, &mut records);
         let frames: Vec<spool::Entry<'_>> = records
             .iter()
-            .map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() })
+            .map(|r| spool::Entry { ingest_ms: r.ingest_ms, topic: None, key: None, payload: r.payload.as_ref() })
             .collect();
         let appended = writer.append(&frames);
         assert!(appended.error.is_none());
@@ -336,7 +336,7 @@ mod disk {
             buffer.pop_intake_now(usize::MAX, &mut records);
             let frames: Vec<spool::Entry<'_>> = records
                 .iter()
-                .map(|r| spool::Entry { ingest_ms: r.ingest_ms, key: None, payload: r.payload.as_ref() })
+                .map(|r| spool::Entry { ingest_ms: r.ingest_ms, topic: None, key: None, payload: r.payload.as_ref() })
                 .collect();
             let positions = writer.append(&frames).positions;
             for (record, pos) in records.iter_mut().zip(&positions) {
@@ -402,8 +402,8 @@ mod disk {
 async fn the_oldest_held_record_sets_the_age_until_it_is_settled() {
     let buffer = buffer(room(10, 10), 10, WhenFull::Block);
     assert_eq!(buffer.oldest_undelivered_ms(), None);
-    buffer.push(payload(5), None, 5_000, None, &mut Admission::default()).await.expect("room");
-    buffer.push(payload(5), None, 9_000, None, &mut Admission::default()).await.expect("room");
+    buffer.push(payload(5), None, None, 5_000, None, &mut Admission::default()).await.expect("room");
+    buffer.push(payload(5), None, None, 9_000, None, &mut Admission::default()).await.expect("room");
     assert_eq!(buffer.oldest_undelivered_ms(), Some(5_000));
     let mut batch = Vec::new();
     buffer.pop_batch(1, &mut batch);
@@ -446,6 +446,7 @@ async fn records_that_hold_their_room_enter_the_buffer_together_in_order() {
         .map(|len| {
             let lease = buffer.try_admit(buffer.cost(len, 0), &mut admission).expect("room");
             Record {
+                topic: None,
                 payload: payload(len),
                 key: None,
                 lease,

@@ -45,6 +45,7 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
         Ok(config) => {
             // A TOML comment, so the output stays a config file.
             println!("# postgres TLS: {}", config.postgres.describe_tls());
+            println!("# persister subscribes to: {}", config.subscriptions().join(", "));
             print!("{}", config.to_redacted_toml());
             ExitCode::SUCCESS
         }

@@ -18,7 +18,20 @@ pub struct KafkaConfig {
     /// Bootstrap servers, comma-separated `host:port`. Default `"127.0.0.1:9092"`.
     pub brokers: String,
     /// The topic the agent produces to and the persister consumes. Default `"sluice-logs"`.
+    /// May be a template over the pod and each record (`"logs.{pod.namespace}"`,
+    /// `"logs.{record.service}"`; `src/template.rs`): then `default_topic` takes what it cannot
+    /// route, and the persister subscribes by pattern (`persist.topics`).
     pub topic: String,
+    /// With a templated `topic`: the topic of a record it cannot route — a field it names is
+    /// missing, the rendered name is not a Kafka topic name, the agent already routes to
+    /// `max_topics` topics, or the broker does not know the topic. Each counted in
+    /// `sluice_ingest_topic_defaults_total{reason}`. Required with a template; unset otherwise.
+    pub default_topic: Option<String>,
+    /// With a templated `topic`: how many distinct topics one agent routes to (from its start, or
+    /// the reload that set the template); a record that would open one more goes to
+    /// `default_topic`, counted `max_topics`: a hostile field cannot create unbounded topics.
+    /// Default `64`.
+    pub max_topics: usize,
     /// librdkafka properties passed through to both producer and consumer (TLS, SASL, ...).
     /// Keys that sluice manages itself (acks, idempotence, queue sizes, ...) are rejected here
     /// and must be set through their own key. Values of keys that look secret are redacted
@@ -35,6 +48,8 @@ impl Default for KafkaConfig {
         Self {
             brokers: "127.0.0.1:9092".into(),
             topic: "sluice-logs".into(),
+            default_topic: None,
+            max_topics: 64,
             properties: BTreeMap::new(),
             properties_from_env: BTreeMap::new(),
         }
@@ -123,11 +138,46 @@ impl KafkaConfig {
         if self.brokers.trim().is_empty() {
             return Err(at.invalid("brokers", "must name at least one host:port"));
         }
-        if !valid_topic(&self.topic) {
-            return Err(at.invalid(
-                "topic",
-                format!("`{}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)", self.topic),
-            ));
+        match self.topic_template() {
+            None if !valid_topic(&self.topic) => {
+                return Err(at.invalid(
+                    "topic",
+                    format!("`{}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars) nor a template", self.topic),
+                ));
+            }
+            None => {
+                if self.default_topic.is_some() {
+                    return Err(at.invalid("default_topic", "is for a templated kafka.topic; this one is a plain name"));
+                }
+            }
+            Some(Err(error)) => return Err(at.invalid("topic", format!("not a template: {error}"))),
+            Some(Ok(template)) => {
+                if let Some(bad) =
+                    template.pattern_parts().flatten().flat_map(str::chars).find(|c| !valid_topic_char(*c))
+                {
+                    return Err(
+                        at.invalid("topic", format!("`{bad}` cannot be in a Kafka topic name ([a-zA-Z0-9._-])"))
+                    );
+                }
+                match &self.default_topic {
+                    None => {
+                        return Err(at.invalid(
+                            "default_topic",
+                            "must be set with a templated kafka.topic (the topic of a record the template cannot route)",
+                        ));
+                    }
+                    Some(topic) if !valid_topic(topic) => {
+                        return Err(at.invalid(
+                            "default_topic",
+                            format!("`{topic}` is not a Kafka topic name ([a-zA-Z0-9._-], 1-249 chars)"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+                if !(1..=10_000).contains(&self.max_topics) {
+                    return Err(at.invalid("max_topics", "must be between 1 and 10000"));
+                }
+            }
         }
         for (property, variable) in &self.properties_from_env {
             if std::env::var_os(variable).is_none() {
@@ -198,10 +248,44 @@ pub(super) fn reject_refused(at: &At<'_>, key: &str, properties: &BTreeMap<Strin
     Ok(())
 }
 
-fn valid_topic(topic: &str) -> bool {
-    !topic.is_empty()
-        && topic.len() <= 249
-        && topic != "."
-        && topic != ".."
-        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+impl KafkaConfig {
+    /// `topic` as a template, if it is one (it holds a brace).
+    pub fn topic_template(&self) -> Option<Result<crate::template::Template, crate::template::TemplateError>> {
+        self.topic.contains(['{', '}']).then(|| crate::template::Template::parse(&self.topic))
+    }
+
+    /// The topic of a record nothing else routes: `default_topic` with a template, else `topic`.
+    pub fn fallback_topic(&self) -> &str {
+        match (&self.default_topic, self.topic_template()) {
+            (Some(topic), Some(_)) => topic,
+            _ => &self.topic,
+        }
+    }
+
+    /// A regular expression (librdkafka's subscription syntax: `^` first) matching every topic
+    /// `topic` can render, for the persister's default subscription: literal parts escaped, each
+    /// field any text. `None` for a plain topic.
+    pub fn topic_pattern(&self) -> Option<String> {
+        let template = self.topic_template()?.ok()?;
+        let mut pattern = String::from("^");
+        for part in template.pattern_parts() {
+            match part {
+                // A topic name's only character special in a pattern is `.` (librdkafka's regex
+                // engine takes `\.`; `regex::escape` would also escape `-`, which it may not).
+                Some(literal) => pattern.push_str(&literal.replace('.', "\\.")),
+                None => pattern.push_str(".*"),
+            }
+        }
+        pattern.push('$');
+        Some(pattern)
+    }
+}
+
+/// Whether `topic` is a name Kafka takes: 1-249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty() && topic.len() <= 249 && topic != "." && topic != ".." && topic.chars().all(valid_topic_char)
+}
+
+fn valid_topic_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-'
 }

@@ -30,6 +30,12 @@ pub struct PersistConfig {
     pub drain_timeout: Duration,
     /// Kafka consumer group. Default `"sluice-persist"`.
     pub group_id: String,
+    /// What the persister subscribes to: topic names, or regular expressions starting with `^`
+    /// (librdkafka's pattern subscription: topics created later that match are read too, found
+    /// within `topic.metadata.refresh.interval.ms`, 5 min by default). Each row stores its topic
+    /// (`kafka_topic`). Default: `kafka.topic` — or, when that is a template, the pattern every
+    /// topic it renders matches and `kafka.default_topic` (`check-config` shows them).
+    pub topics: Vec<String>,
     /// A batch is written when it holds this many records... Default `5000`.
     pub batch_max_records: usize,
     /// ...or this many bytes of Kafka message values (a batch is closed before a message that
@@ -66,6 +72,7 @@ impl Default for PersistConfig {
             admin_address_file: None,
             drain_timeout: Duration::from_secs(20),
             group_id: "sluice-persist".into(),
+            topics: Vec::new(),
             batch_max_records: 5000,
             batch_max_bytes: ByteSize::mib(16),
             batch_max_wait: Duration::from_millis(500),
@@ -84,6 +91,20 @@ impl PersistConfig {
         valid_address(at, "admin_listen", &self.admin_listen)?;
         if self.group_id.is_empty() {
             return Err(at.invalid("group_id", "must not be empty"));
+        }
+        for (i, topic) in self.topics.iter().enumerate() {
+            if topic.starts_with('^') {
+                if let Err(error) = regex::Regex::new(topic) {
+                    return Err(
+                        at.invalid(&format!("topics[{i}]"), format!("`{topic}` is not a regular expression: {error}"))
+                    );
+                }
+            } else if !super::valid_topic(topic) {
+                return Err(at.invalid(
+                    &format!("topics[{i}]"),
+                    format!("`{topic}` is neither a Kafka topic name ([a-zA-Z0-9._-]) nor a pattern starting with `^`"),
+                ));
+            }
         }
         if self.batch_max_records == 0 || self.batch_max_records > 100_000 {
             return Err(at.invalid("batch_max_records", "must be between 1 and 100000"));

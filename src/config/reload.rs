@@ -49,6 +49,9 @@ impl Role {
                 "ship.",
                 "kafka.brokers",
                 "kafka.properties.",
+                "kafka.topic",
+                "kafka.default_topic",
+                "kafka.max_topics",
             ],
             Role::Persist => {
                 &["log.level", "persist.batch_max_records", "persist.batch_max_bytes", "persist.batch_max_wait"]
@@ -89,6 +92,9 @@ pub fn plan(role: Role, running: &Config, new: &Config) -> Plan {
                 effective.ship = new.ship.clone();
                 effective.kafka.brokers = new.kafka.brokers.clone();
                 effective.kafka.properties = new.kafka.properties.clone();
+                effective.kafka.topic = new.kafka.topic.clone();
+                effective.kafka.default_topic = new.kafka.default_topic.clone();
+                effective.kafka.max_topics = new.kafka.max_topics;
             }
             Role::Persist => {
                 effective.persist.batch_max_records = new.persist.batch_max_records;

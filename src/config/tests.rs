@@ -221,6 +221,22 @@ fn rejects_limits_that_cannot_work() {
     assert_eq!(invalid_key("[persist]\nbatch_max_bytes = \"100 B\"\n"), "persist.batch_max_bytes");
 }
 
+#[test]
+fn a_templated_topic_needs_a_default_topic_and_names_kafka_can_take() {
+    let template = "[kafka]\ntopic = \"logs.{pod.namespace}\"\n";
+    assert_eq!(invalid_key(template), "kafka.default_topic");
+    assert_eq!(invalid_key(&format!("{template}default_topic = \"no spaces\"\n")), "kafka.default_topic");
+    assert_eq!(invalid_key("[kafka]\ntopic = \"logs/{record.app}\"\ndefault_topic = \"logs\"\n"), "kafka.topic");
+    assert_eq!(invalid_key("[kafka]\ntopic = \"logs.{record.}\"\ndefault_topic = \"logs\"\n"), "kafka.topic");
+    assert_eq!(invalid_key("[kafka]\ntopic = \"logs\"\ndefault_topic = \"other\"\n"), "kafka.default_topic");
+    assert_eq!(invalid_key(&format!("{template}default_topic = \"logs\"\nmax_topics = 0\n")), "kafka.max_topics");
+    assert_eq!(invalid_key("[persist]\ntopics = [\"^logs\\\\.(\"]\n"), "persist.topics[0]");
+    assert_eq!(invalid_key("[persist]\ntopics = [\"ok\", \"not ok\"]\n"), "persist.topics[1]");
+    let config = Config::from_toml(&format!("{template}default_topic = \"logs.other\"\n")).expect("valid");
+    assert_eq!(config.subscriptions(), vec!["^logs\\..*$".to_string(), "logs.other".to_string()]);
+    assert_eq!(Config::default().subscriptions(), vec!["sluice-logs".to_string()]);
+}
+
 /// Cold review (issue 15): librdkafka refuses `message.timeout.ms` ≤ `linger.ms`; the config
 /// took such a pair, so the agent failed to start (exit 1, no key named) or, on a reload, kept
 /// failing to replace its producer.
@@ -531,6 +547,16 @@ mod reloading {
         assert_eq!(plan.effective.ship.linger, Duration::from_millis(50));
         assert_eq!(plan.effective.buffer.max_bytes, old.buffer.max_bytes, "kept until a restart");
         assert_eq!(plan.effective.ingest.listeners, old.ingest.listeners);
+    }
+
+    #[test]
+    fn the_agent_applies_a_topic_change_live() {
+        let old = config("");
+        let new = config("[kafka]\ntopic = \"logs.{record.app}\"\ndefault_topic = \"logs\"\nmax_topics = 8\n");
+        let agent = plan(Role::Agent, &old, &new);
+        assert_eq!(agent.live, vec!["kafka.default_topic", "kafka.max_topics", "kafka.topic"]);
+        assert_eq!(agent.effective.kafka, new.kafka);
+        assert_eq!(plan(Role::Persist, &old, &new).restart.len(), 3, "the persister resubscribes at a restart");
     }
 
     #[test]

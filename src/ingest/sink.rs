@@ -93,6 +93,10 @@ pub struct RecordSink<'a> {
     key_rule: Option<(u64, KeyRule)>,
     /// Where a key template is rendered (kept between records).
     key_text: String,
+    /// The topic route as last read, with the generation it was read at.
+    topic_route: Option<(u64, std::sync::Arc<crate::topic::Route>)>,
+    /// Where a topic template is rendered (kept between records).
+    topic_text: String,
     /// A transformed record (syslog, Forward).
     transformed: Vec<u8>,
     /// Records of the batch being offered ([`RecordSink::offer_many`]) that already hold their
@@ -133,6 +137,8 @@ impl<'a> RecordSink<'a> {
             arena: BytesMut::new(),
             key_rule: None,
             key_text: String::new(),
+            topic_route: None,
+            topic_text: String::new(),
             pending: Vec::new(),
             batching: false,
             stamp: None,
@@ -332,6 +338,11 @@ impl<'a> RecordSink<'a> {
             // buffer and librdkafka are sized for.
             return self.reject(Rejected::TooLarge, ack);
         }
+        let (topic, defaulted) = self.ingest.topics.current(&mut self.topic_route).route(text, &mut self.topic_text);
+        if let Some(why) = defaulted {
+            self.ingest.topics.count(why, 1);
+        }
+        let topic = Some(topic);
         self.records += 1;
         self.bytes += raw_len as u64;
         if self.records >= COUNTER_FLUSH_EVERY {
@@ -354,6 +365,7 @@ impl<'a> RecordSink<'a> {
             if let Some(lease) = self.ingest.buffer.try_admit(cost, &mut self.admission) {
                 self.pending.push(Record {
                     payload,
+                    topic,
                     key,
                     lease,
                     retries: 0,
@@ -370,7 +382,7 @@ impl<'a> RecordSink<'a> {
         let ingest = self.ingest;
         let deadline = self.deadline.clone().unwrap_or_default();
         let waited = {
-            let mut push = std::pin::pin!(ingest.buffer.push(payload, key, ingest_ms, ack, &mut self.admission));
+            let mut push = std::pin::pin!(ingest.buffer.push(payload, topic, key, ingest_ms, ack, &mut self.admission));
             // A drop by policy is counted (and its ack refused) by the buffer.
             match futures_util::FutureExt::now_or_never(push.as_mut()) {
                 Some(_) => Waited::Pushed,

@@ -287,7 +287,7 @@ struct Kafka {
 impl Kafka {
     fn new(buffer: &Buffer) -> Self {
         let tasks = crate::lifecycle::Tasks::new(tokio_util::sync::CancellationToken::new());
-        let context = ShipContext::new(buffer.clone(), tasks.clone());
+        let context = ShipContext::new(buffer.clone(), tasks.clone(), crate::ship::tests::topics());
         // The model's Kafka answers from the start: what it hands back may have been stored.
         context.reached_a_broker();
         Self { context, tasks, in_flight: Vec::new(), unsettled: Vec::new() }
@@ -703,7 +703,7 @@ impl<'a> Run<'a> {
         w.pushing = Some(tokio::spawn(async move {
             for id in batch {
                 let ack = tracker.as_ref().map(|tracker| tracker.issue());
-                let pushed = buffer.push(payload(id), None, 1_000, ack, &mut admission).await;
+                let pushed = buffer.push(payload(id), None, None, 1_000, ack, &mut admission).await;
                 log.lock().expect("log").push((id, pushed.map_err(|BufferFull(reason)| reason.as_str())));
             }
             admission

@@ -29,6 +29,8 @@ use crate::telemetry::outcome::Failed;
 /// librdkafka callbacks: delivery reports and client errors.
 pub struct ShipContext {
     buffer: Buffer,
+    /// Where a record goes whose topic the broker does not know.
+    topics: Arc<crate::topic::Topics>,
     /// Settles what Kafka stored, in batches ([`super::settle`]).
     pub(super) settler: Arc<Settler>,
     retried: Counter,
@@ -114,9 +116,10 @@ impl ShipContext {
 
     /// Callbacks for a producer in front of `buffer`, with a fatal flag of their own; a panic
     /// while settling fails `tasks`.
-    pub(super) fn new(buffer: Buffer, tasks: Tasks) -> Self {
+    pub(super) fn new(buffer: Buffer, tasks: Tasks, topics: Arc<crate::topic::Topics>) -> Self {
         let fatal = Arc::new(AtomicBool::new(false));
         Self {
+            topics,
             settler: Arc::new(Settler::new(buffer.clone(), tasks)),
             buffer,
             retried: metrics::counter!(telemetry::SHIP_RETRIED),
@@ -175,6 +178,7 @@ impl ShipContext {
                 }
                 match classify(error) {
                     Disposition::Retry => {
+                        super::reroute_unknown(&self.topics, error, &mut in_flight);
                         self.retried.increment(1);
                         self.buffer.retry(in_flight, payload.unwrap_or_default(), key);
                     }

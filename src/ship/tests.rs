@@ -133,7 +133,10 @@ mod mock {
     async fn push(buffer: &Buffer, tracker: &Arc<AckTracker>, n: usize) {
         for i in 0..n {
             let payload = Bytes::from(format!("{{\"n\":{i}}}"));
-            buffer.push(payload, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await.expect("room");
+            buffer
+                .push(payload, None, None, 1_000, Some(tracker.issue()), &mut Admission::default())
+                .await
+                .expect("room");
         }
     }
 
@@ -170,7 +173,7 @@ mod mock {
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
         let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
-        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone(), topics()).expect("producer"));
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -203,7 +206,7 @@ mod mock {
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
         let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
-        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone(), topics()).expect("producer"));
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -232,7 +235,7 @@ mod mock {
         let config = mock_config(&cluster.bootstrap_servers(), "");
         let buffer = Buffer::for_config(&config);
         let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
-        let mut shipper = Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer");
+        let mut shipper = Shipper::new(&config, buffer.clone(), tasks.clone(), topics()).expect("producer");
         shipper.set_reconfigure_flush(Duration::from_millis(100));
         let shipper = Arc::new(shipper);
         let stop = CancellationToken::new();
@@ -286,8 +289,8 @@ mod mock {
         {
             let (_, mut writer, _) = Spool::open(spool_config.clone()).expect("spool");
             let appended = writer.append(&[
-                Entry { ingest_ms: 1_000, key: None, payload: &big },
-                Entry { ingest_ms: 1_001, key: None, payload: b"small after" },
+                Entry { ingest_ms: 1_000, topic: None, key: None, payload: &big },
+                Entry { ingest_ms: 1_001, topic: None, key: None, payload: b"small after" },
             ]);
             assert!(appended.error.is_none());
             writer.close().expect("close");
@@ -301,7 +304,7 @@ mod mock {
         assert_eq!(spool.undelivered(), 2);
         let buffer = Buffer::for_config_with_spool(&config, spool.clone(), writer.end());
         let tasks = crate::lifecycle::Tasks::new(CancellationToken::new());
-        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone()).expect("producer"));
+        let shipper = Arc::new(Shipper::new(&config, buffer.clone(), tasks.clone(), topics()).expect("producer"));
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let (shipper, stop) = (shipper.clone(), stop.clone());
@@ -357,11 +360,11 @@ async fn a_record_handed_back_by_a_producer_that_never_reached_a_broker_is_lost_
 async fn two_records_one_handed_back(reached_broker: bool) -> (Buffer, ShipContext) {
     let config = Config::from_toml("").expect("defaults");
     let buffer = Buffer::for_config(&config);
-    let context = ShipContext::new(buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()));
+    let context = ShipContext::new(buffer.clone(), crate::lifecycle::Tasks::new(CancellationToken::new()), topics());
     let mut admission = crate::buffer::Admission::default();
     for n in 0..2 {
         let payload = bytes::Bytes::from(format!("record {n}"));
-        buffer.push(payload, None, 1_000, None, &mut admission).await.expect("room");
+        buffer.push(payload, None, None, 1_000, None, &mut admission).await.expect("room");
     }
     let mut batch = Vec::new();
     buffer.pop_batch(1, &mut batch);
@@ -387,4 +390,12 @@ fn a_producer_librdkafka_refuses_across_properties_is_refused_before_it_runs() {
         assert!(refused.contains("librdkafka refuses the producer"), "{refused}");
     }
     check_producer(&Config::from_toml("").expect("defaults")).expect("the defaults make a producer");
+}
+
+/// The topic route of a default config (`sluice-logs`).
+pub(crate) fn topics() -> std::sync::Arc<crate::topic::Topics> {
+    std::sync::Arc::new(crate::topic::Topics::new(
+        &crate::config::KafkaConfig::default(),
+        &crate::envelope::PodMetadata::default(),
+    ))
 }

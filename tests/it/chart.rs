@@ -34,6 +34,10 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
     ),
     ("keda", &["persister.keda.enabled=true"]),
     (
+        "topic template, keda",
+        &["kafka.topic=logs.{pod.namespace}", "kafka.defaultTopic=logs.other", "persister.keda.enabled=true"],
+    ),
+    (
         "otlp, multiline",
         &[
             "sidecar.otlp.enabled=true",
@@ -209,6 +213,7 @@ fn the_values_schema_rejects_wrong_types_unknown_keys_and_contradictions() {
         (vec!["sidecar.config.buffer.when_full=sometimes"], "when_full"),
         (vec!["sidecar.config.buffer.colour=red"], "colour"),
         (vec!["kafka.topic=has spaces"], "topic"),
+        (vec!["kafka.topic=logs.{record.app}"], "defaultTopic"),
         (vec!["persister.keda.enabled=true", "persister.autoscaling.enabled=true"], "allOf"),
     ] {
         let chart = chart();

@@ -119,4 +119,10 @@ fn check_config_says_which_postgres_tls_is_in_effect_and_stays_valid_toml() {
         let again: toml::Table = toml::from_str(&shown).unwrap_or_else(|error| panic!("{error}: {shown}"));
         assert!(again.contains_key("postgres"), "{shown}");
     }
+    // What the persister subscribes to, derived from a templated topic.
+    let path = dir.path().join("topics.toml");
+    std::fs::write(&path, "[kafka]\ntopic = \"logs.{record.app}\"\ndefault_topic = \"logs.other\"\n").expect("write");
+    let output = sluice(&["check-config", path.to_str().expect("path")]);
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("# persister subscribes to: ^logs\\..*$, logs.other\n"), "{shown}");
 }

@@ -1,8 +1,153 @@
-//! What a record carries to Kafka besides its envelope, read back from the real broker: a key
-//! rendered from a template over the pod and the record, static headers, and the record's
-//! metadata as headers (the same values its envelope holds).
+//! Where a record goes and what it carries to Kafka besides its envelope, read back from the real
+//! broker and PostgreSQL: a topic per record from a template (and the default topic for what it
+//! cannot route, counted), the persister subscribed by pattern, a topic change by reload or
+//! restart (records already accepted keep theirs), a key rendered from a template over the pod
+//! and the record, static headers, and the record's metadata as headers.
+
+use std::time::Duration;
 
 use crate::support::*;
+use sluice::telemetry;
+
+/// Rows per `kafka_topic`, sorted.
+async fn rows_per_topic(db: &tokio_postgres::Client) -> Vec<(String, i64)> {
+    let rows =
+        db.query("SELECT kafka_topic, count(*) FROM logs GROUP BY 1 ORDER BY 1", &[]).await.expect("rows per topic");
+    rows.iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
+/// The topic of the row whose record's `n` is `n`.
+async fn topic_of(db: &tokio_postgres::Client, n: i64) -> String {
+    let sql = format!("SELECT kafka_topic FROM logs WHERE (record->>'n')::int = {n}");
+    db.query_one(&sql, &[]).await.expect(&sql).get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_template_routes_each_record_and_the_persister_reads_them_by_pattern() {
+    let setup = Scenario::new("topics").without_topic().build().await;
+    // A `-` in the name: the persister's pattern, derived from the template, must take it.
+    let base = format!("{}-log", setup.topic);
+    // Two topics exist; `{base}.web` does not yet: the broker creates it on the first record,
+    // and the persister's pattern finds it at its next metadata refresh.
+    for name in ["cart", "other"] {
+        create_topic(&setup.bootstrap, &format!("{base}.{name}"), 1).await;
+    }
+    let mut setup = setup;
+    setup
+        .config
+        .set("kafka", "topic", format!("{base}.{{record.service}}"))
+        .set("kafka", "default_topic", format!("{base}.other"))
+        .set("kafka", "max_topics", 2)
+        .persist_property("topic.metadata.refresh.interval.ms", "1000");
+    let _persister = setup.persister().await;
+    let agent = setup.agent().await;
+    let db = setup.db().await;
+    let records = [
+        r#"{"service":"cart","n":1}"#,
+        r#"{"service":"web","n":2}"#,
+        r#"{"n":3}"#,
+        r#"{"service":"no spaces allowed","n":4}"#,
+        r#"{"service":"third","n":5}"#,
+        r#"{"service":"cart","n":6}"#,
+    ];
+    send_lines(&setup.config.socket(), &records.map(|r| r.as_bytes().to_vec())).await;
+    until_rows(&db, 6).await;
+
+    let (cart, web, other) = (format!("{base}.cart"), format!("{base}.web"), format!("{base}.other"));
+    assert_eq!(rows_per_topic(&db).await, vec![(cart.clone(), 2), (other.clone(), 3), (web.clone(), 1)]);
+    assert_eq!(topic_of(&db, 2).await, web, "a topic the broker created, found by the pattern");
+    for (n, why) in [(3, "missing_field"), (4, "invalid_topic"), (5, "max_topics")] {
+        assert_eq!(topic_of(&db, n).await, other, "{why}");
+    }
+    let metrics = scrape(setup.config.agent_admin()).await;
+    for why in ["missing_field", "invalid_topic", "max_topics"] {
+        assert_eq!(metrics.count(telemetry::INGEST_TOPIC_DEFAULTS, &[("reason", why)]), 1.0, "{why}");
+    }
+    assert_eq!(metrics.value(telemetry::INGEST_TOPICS, &[]), Some(2.0), "cart and web; third was one too many");
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_the_broker_does_not_know_sends_its_records_to_the_default_topic() {
+    let setup = Scenario::new("unknowntopic").without_topic().build().await;
+    let base = setup.topic.clone();
+    create_topic(&setup.bootstrap, &format!("{base}.other"), 1).await;
+    let mut properties = toml::Table::new();
+    // The broker would create it: this producer must not ask it to, and gives up waiting soon.
+    properties.insert("allow.auto.create.topics".into(), "false".into());
+    properties.insert("topic.metadata.propagation.max.ms".into(), "1000".into());
+    let mut setup = setup;
+    setup
+        .config
+        .set("kafka", "topic", format!("{base}.{{record.service}}"))
+        .set("kafka", "default_topic", format!("{base}.other"))
+        .set("ship", "properties", toml::Value::Table(properties));
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
+    send_lines(&setup.config.socket(), &[br#"{"service":"nosuch","n":1}"#.to_vec()]).await;
+    until_rows(&db, 1).await;
+    assert_eq!(topic_of(&db, 1).await, format!("{base}.other"));
+    let metrics =
+        until_metric(setup.config.agent_admin(), telemetry::INGEST_TOPIC_DEFAULTS, &[("reason", "unknown_topic")], 1.0)
+            .await;
+    assert_eq!(metrics.count(telemetry::SHIP_DELIVERED, &[]), 1.0, "delivered once");
+    // For a while the topic's next records go straight to the default one.
+    send_lines(&setup.config.socket(), &[br#"{"service":"nosuch","n":2}"#.to_vec()]).await;
+    until_rows(&db, 2).await;
+    assert_eq!(topic_of(&db, 2).await, format!("{base}.other"));
+    until_metric(setup.config.agent_admin(), telemetry::INGEST_TOPIC_DEFAULTS, &[("reason", "unknown_topic")], 2.0)
+        .await;
+}
+
+/// A topic change — by a restart or a reload — applies to records read from then on; records
+/// already accepted (spooled while Kafka was away, or in memory) keep the topic they were read
+/// under, and the persister, subscribed to both, stores each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_change_applies_to_new_records_and_spooled_ones_keep_theirs() {
+    let setup = Scenario::new("topicmove").without_topic().disk_buffer().build().await;
+    let base = setup.topic.clone();
+    let (first, second, third) = (format!("{base}.first"), format!("{base}.second"), format!("{base}.third"));
+    for topic in [&first, &second, &third] {
+        create_topic(&setup.bootstrap, topic, 1).await;
+    }
+    let mut setup = setup;
+    setup.config.set("kafka", "topic", first.clone()).set("agent", "drain_timeout", "2s");
+    setup.config.set("persist", "topics", vec![first.clone(), second.clone(), format!("^{}\\.third$", base)]);
+    let line = |n: i64| format!(r#"{{"n":{n}}}"#).into_bytes();
+
+    // Kafka away: three records wait in the spool under the first topic.
+    let brokers = setup.bootstrap.clone();
+    setup.config.set("kafka", "brokers", setup.unreachable_kafka());
+    let (path, mut offline) = setup.listening_agent().await;
+    send_lines(&setup.config.socket(), &[line(1), line(2), line(3)]).await;
+    until_metric(setup.config.agent_admin(), telemetry::SPOOL_RECORDS, &[], 3.0).await;
+    offline.signal("TERM");
+    assert!(offline.wait(Duration::from_secs(20)).await.success(), "{}", offline.log_text());
+
+    // Restarted with Kafka and the second topic: the spooled three still go to the first.
+    setup.config.set("kafka", "brokers", brokers).set("kafka", "topic", second.clone());
+    setup.config.write_to(&path);
+    let _persister = setup.persister().await;
+    let mut agent = setup.config.spawn_agent_at(&path).await;
+    wait_ready(&mut agent, setup.config.agent_admin()).await;
+    let db = setup.db().await;
+    send_lines(&setup.config.socket(), &[line(4), line(5)]).await;
+    until_rows(&db, 5).await;
+
+    // Reloaded with the third: new records go there.
+    setup.config.set("kafka", "topic", third.clone());
+    setup.config.write_to(&path);
+    agent.signal("HUP");
+    until_metric_at_least(setup.config.agent_admin(), telemetry::CONFIG_RELOADS, &[("result", "applied")], 1.0).await;
+    send_lines(&setup.config.socket(), &[line(6)]).await;
+    until_rows(&db, 6).await;
+
+    for (n, topic) in [(1, &first), (2, &first), (3, &first), (4, &second), (5, &second), (6, &third)] {
+        assert_eq!(&topic_of(&db, n).await, topic, "record {n}");
+    }
+    assert_eq!(row_count(&db).await, 6, "each once");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_template_and_headers_reach_kafka_with_each_record() {

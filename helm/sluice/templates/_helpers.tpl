@@ -96,9 +96,11 @@ TOML from a values map: the chart's config values mirror sluice's TOML keys one 
 {{- end }}
 {{- end -}}
 
-{{/* The Kafka section both configs share: brokers, topic, properties, secret properties by env. */}}
+{{/* The Kafka section both configs share: brokers, topic (and, templated, its default and cap), properties, secret properties by env. */}}
 {{- define "sluice.kafkaConfig" -}}
 {{- $fromEnv := dict -}}
 {{- range .Values.kafka.secretProperties }}{{ $_ := set $fromEnv .property .env }}{{ end -}}
-{{- toJson (dict "brokers" .Values.kafka.brokers "topic" .Values.kafka.topic "properties" .Values.kafka.properties "properties_from_env" $fromEnv) -}}
+{{- $kafka := dict "brokers" .Values.kafka.brokers "topic" .Values.kafka.topic "properties" .Values.kafka.properties "properties_from_env" $fromEnv -}}
+{{- if contains "{" .Values.kafka.topic }}{{ $_ := set $kafka "default_topic" .Values.kafka.defaultTopic }}{{ $_ := set $kafka "max_topics" .Values.kafka.maxTopics }}{{ end -}}
+{{- toJson $kafka -}}
 {{- end -}}

@@ -92,8 +92,10 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 let payloads: Vec<Vec<u8>> = (0..*n)
                     .map(|i| format!("record {} of step {step}", model.appended + i as u64).into_bytes())
                     .collect();
-                let entries: Vec<Entry<'_>> =
-                    payloads.iter().map(|payload| Entry { ingest_ms: 1_000, key: None, payload }).collect();
+                let entries: Vec<Entry<'_>> = payloads
+                    .iter()
+                    .map(|payload| Entry { ingest_ms: 1_000, topic: None, key: None, payload })
+                    .collect();
                 let appended = writer.append(&entries);
                 prop_assert!(appended.error.is_none());
                 prop_assert_eq!(appended.positions.len(), *n);

@@ -22,6 +22,8 @@ pub struct DiskRecord {
     pub pos: SpoolPos,
     /// When the agent read it (Unix ms).
     pub ingest_ms: u64,
+    /// Its Kafka topic; `None` in a segment an earlier release wrote.
+    pub topic: Option<crate::buffer::Topic>,
     /// Its Kafka key.
     pub key: Option<Bytes>,
     /// Its envelope.
@@ -114,6 +116,7 @@ impl SpoolReader {
         max_records: usize,
         max_bytes: usize,
     ) -> io::Result<ReadBatch> {
+        let mut last_topic: Option<crate::buffer::Topic> = None;
         let mut batch = ReadBatch::default();
         let mut pos = from;
         let mut bytes = 0;
@@ -152,9 +155,15 @@ impl SpoolReader {
                         .get_mut(&pos.segment)
                         .and_then(|s| s.hold(pos.index).then(|| s.maybe_stored.get(pos.index)));
                     if let Some(maybe_stored) = taken {
+                        // Records in a row mostly share a topic: one allocation for them all.
+                        let topic = frame.topic.map(|topic| match &last_topic {
+                            Some(last) if &**last == topic => last.clone(),
+                            _ => last_topic.insert(crate::buffer::Topic::from(topic)).clone(),
+                        });
                         batch.records.push(DiskRecord {
                             pos,
                             ingest_ms: frame.ingest_ms,
+                            topic,
                             key: frame.key.map(Bytes::copy_from_slice),
                             payload: Bytes::copy_from_slice(frame.payload),
                             maybe_stored,

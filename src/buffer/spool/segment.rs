@@ -3,8 +3,15 @@
 //! ```text
 //! segment := "SLUICESP" version:u32le frame*
 //! frame   := body_len:u32le crc32c(body):u32le body
-//! body    := ingest_ms:u64le key_len:u32le (0xFFFFFFFF = no key) key payload
+//! body    := stamp:u64le key_len:u32le (0xFFFFFFFF = no key) [topic_len:u8 topic] key payload
+//! stamp   := ingest_ms, with bit 63 set when a topic follows key_len
 //! ```
+//!
+//! Version 3 added the topic (`kafka.topic` may be a template: a record keeps the topic it was
+//! routed to across restarts and reloads). A version 2 segment, which an earlier release left,
+//! is read as it is: its frames have no topic, and go to the topic records without one go to
+//! (`kafka.default_topic`, or `kafka.topic`). A release before version 3 finds a version 3
+//! segment's header wrong and counts its records `corrupt`: never misread.
 //!
 //! Owns: encoding frames and finding them again, including after damage: [`scan`] skips a
 //! corrupt region by looking for the next offset where a plausible length and a matching
@@ -16,8 +23,12 @@ use std::io::{self, Read};
 #[cfg(test)]
 mod tests;
 
-/// Magic bytes and version at the start of every segment.
-pub const HEADER: &[u8; 12] = b"SLUICESP\x02\x00\x00\x00";
+/// Magic bytes and version at the start of every segment written.
+pub const HEADER: &[u8; 12] = b"SLUICESP\x03\x00\x00\x00";
+/// The header of a segment an earlier release wrote (frames without a topic): still read.
+const HEADER_V2: &[u8; 12] = b"SLUICESP\x02\x00\x00\x00";
+/// Bit 63 of a frame's stamp: a topic follows the key length.
+const HAS_TOPIC: u64 = 1 << 63;
 /// Bytes of a body before its key: ingest time and key length.
 const BODY_PREFIX: usize = 12;
 /// Bytes before a frame's body.
@@ -28,14 +39,22 @@ const NO_KEY: u32 = u32::MAX;
 
 /// Appends one frame to `out`. `ingest_ms` (Unix milliseconds) travels with the record so the
 /// age of the oldest record and delivery latency stay true across restarts.
-pub fn encode(ingest_ms: u64, key: Option<&[u8]>, payload: &[u8], out: &mut Vec<u8>) {
+/// A topic (at most 249 bytes: a Kafka topic name) travels with it; `None` only in tests of
+/// what an earlier release wrote.
+pub fn encode(ingest_ms: u64, topic: Option<&str>, key: Option<&[u8]>, payload: &[u8], out: &mut Vec<u8>) {
     let key_len = key.map_or(NO_KEY, |key| key.len() as u32);
-    let body_len = BODY_PREFIX + key.map_or(0, <[u8]>::len) + payload.len();
+    let topic = topic.map(|topic| &topic.as_bytes()[..topic.len().min(u8::MAX as usize)]);
+    let body_len = BODY_PREFIX + topic.map_or(0, |topic| 1 + topic.len()) + key.map_or(0, <[u8]>::len) + payload.len();
     let start = out.len();
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&ingest_ms.to_le_bytes());
+    let stamp = (ingest_ms & !HAS_TOPIC) | if topic.is_some() { HAS_TOPIC } else { 0 };
+    out.extend_from_slice(&stamp.to_le_bytes());
     out.extend_from_slice(&key_len.to_le_bytes());
+    if let Some(topic) = topic {
+        out.push(topic.len() as u8);
+        out.extend_from_slice(topic);
+    }
     if let Some(key) = key {
         out.extend_from_slice(key);
     }
@@ -44,9 +63,13 @@ pub fn encode(ingest_ms: u64, key: Option<&[u8]>, payload: &[u8], out: &mut Vec<
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Total bytes a frame for this key and payload takes on disk.
-pub fn frame_len(key: Option<&[u8]>, payload: &[u8]) -> usize {
-    FRAME_OVERHEAD + BODY_PREFIX + key.map_or(0, <[u8]>::len) + payload.len()
+/// Total bytes a frame for this topic, key and payload takes on disk.
+pub fn frame_len(topic: Option<&str>, key: Option<&[u8]>, payload: &[u8]) -> usize {
+    FRAME_OVERHEAD
+        + BODY_PREFIX
+        + topic.map_or(0, |topic| 1 + topic.len().min(u8::MAX as usize))
+        + key.map_or(0, <[u8]>::len)
+        + payload.len()
 }
 
 /// A decoded frame, borrowing from its body.
@@ -54,6 +77,8 @@ pub fn frame_len(key: Option<&[u8]>, payload: &[u8]) -> usize {
 pub struct Frame<'a> {
     /// When the agent read the record (Unix milliseconds).
     pub ingest_ms: u64,
+    /// The Kafka topic it was routed to; `None` in a segment an earlier release wrote.
+    pub topic: Option<&'a str>,
     /// The Kafka key.
     pub key: Option<&'a [u8]>,
     /// The envelope.
@@ -62,14 +87,28 @@ pub struct Frame<'a> {
 
 /// Splits a checked body into key and payload; `None` if the key length does not fit.
 fn split_body(body: &[u8]) -> Option<Frame<'_>> {
-    let ingest_ms = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    let stamp = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
     let key_len = u32::from_le_bytes(body.get(8..BODY_PREFIX)?.try_into().ok()?);
-    let rest = &body[BODY_PREFIX..];
+    let mut rest = &body[BODY_PREFIX..];
+    let topic = if stamp & HAS_TOPIC != 0 {
+        let (&len, after) = rest.split_first()?;
+        let topic = std::str::from_utf8(after.get(..len as usize)?).ok()?;
+        rest = &after[len as usize..];
+        Some(topic)
+    } else {
+        None
+    };
+    let ingest_ms = stamp & !HAS_TOPIC;
     if key_len == NO_KEY {
-        return Some(Frame { ingest_ms, key: None, payload: rest });
+        return Some(Frame { ingest_ms, topic, key: None, payload: rest });
     }
     let key_len = key_len as usize;
-    (key_len <= rest.len()).then(|| Frame { ingest_ms, key: Some(&rest[..key_len]), payload: &rest[key_len..] })
+    (key_len <= rest.len()).then(|| Frame { ingest_ms, topic, key: Some(&rest[..key_len]), payload: &rest[key_len..] })
+}
+
+/// Whether `data` starts with a segment header this release reads (version 3, or 2).
+pub fn header_ok(data: &[u8]) -> bool {
+    data.get(..HEADER.len()).is_some_and(|head| head == HEADER || head == HEADER_V2)
 }
 
 /// A frame at `offset` in `data`, if a whole, intact one starts there.
@@ -106,7 +145,7 @@ pub struct ScanReport {
 /// Finds every intact frame of a segment, skipping damaged regions.
 pub fn scan(data: &[u8]) -> ScanReport {
     let mut report = ScanReport::default();
-    if data.len() < HEADER.len() || &data[..HEADER.len()] != HEADER {
+    if !header_ok(data) {
         report.header_ok = false;
         if !data.is_empty() {
             report.corrupt_regions = 1;

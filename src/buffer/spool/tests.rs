@@ -24,7 +24,7 @@ fn append_all(writer: &mut SpoolWriter, payloads: &[Vec<u8>]) -> Vec<SpoolPos> {
     let records: Vec<Entry<'_>> = payloads
         .iter()
         .enumerate()
-        .map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, key: None, payload: p.as_slice() })
+        .map(|(i, p)| Entry { ingest_ms: 1_000 + i as u64, topic: None, key: None, payload: p.as_slice() })
         .collect();
     let appended = writer.append(&records);
     assert!(appended.error.is_none(), "{:?}", appended.error);
@@ -377,7 +377,7 @@ fn a_writer_whose_segment_could_not_be_made_writes_nothing_and_makes_it_on_a_lat
     writer.inject(SpoolOp::Write, io::Error::from_raw_os_error(28));
     let data = payloads(3);
     let records: Vec<Entry<'_>> =
-        data.iter().map(|p| Entry { ingest_ms: 1, key: None, payload: p.as_slice() }).collect();
+        data.iter().map(|p| Entry { ingest_ms: 1, topic: None, key: None, payload: p.as_slice() }).collect();
     let appended = writer.append(&records);
     assert!(appended.error.as_ref().is_some_and(SpoolIoError::disk_full), "{:?}", appended.error);
     assert!(appended.positions.is_empty());
@@ -705,7 +705,7 @@ fn a_mark_applies_only_to_the_segment_it_was_written_for_and_outlives_a_failed_s
         let (_spool, mut writer, _) = Spool::open(config(other.path())).expect("open");
         let later: Vec<Entry<'_>> = [b"later 0", b"later 1", b"later 2"]
             .iter()
-            .map(|payload| Entry { ingest_ms: 9_000, key: None, payload: payload.as_slice() })
+            .map(|payload| Entry { ingest_ms: 9_000, topic: None, key: None, payload: payload.as_slice() })
             .collect();
         writer.append(&later).positions
     };

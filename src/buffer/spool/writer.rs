@@ -203,8 +203,8 @@ impl SpoolWriter {
         {
             return out.failed(SpoolOp::Write, error, synced, self.spool.config.fsync);
         }
-        for Entry { ingest_ms, key, payload } in records {
-            let len = segment::frame_len(*key, payload) as u64;
+        for Entry { ingest_ms, topic, key, payload } in records {
+            let len = segment::frame_len(*topic, *key, payload) as u64;
             if self.offset > HEADER.len() as u64 && self.offset + len > self.spool.config.segment_bytes {
                 if let Err(error) = self.flush_scratch(pending.len() as u64) {
                     return out.failed(SpoolOp::Write, error, synced, self.spool.config.fsync);
@@ -221,7 +221,7 @@ impl SpoolWriter {
             if self.first_ingest_ms.is_none() {
                 self.first_ingest_ms = Some(*ingest_ms);
             }
-            segment::encode(*ingest_ms, *key, payload, &mut self.scratch);
+            segment::encode(*ingest_ms, *topic, *key, payload, &mut self.scratch);
             self.offset += len;
         }
         if let Err(error) = self.flush_scratch(pending.len() as u64) {
@@ -399,6 +399,8 @@ impl SpoolWriter {
 pub struct Entry<'a> {
     /// When the agent read it (Unix ms).
     pub ingest_ms: u64,
+    /// Its Kafka topic (`None`: the default one, as an earlier release wrote).
+    pub topic: Option<&'a str>,
     /// Its Kafka key.
     pub key: Option<&'a [u8]>,
     /// Its envelope.

@@ -63,7 +63,7 @@ impl Setup {
         for i in 0..n {
             let payload = Bytes::from(format!("record {i:03} with some padding"));
             let ack = Some(self.tracker.issue());
-            self.buffer.push(payload, None, 1_000, ack, &mut Admission::default()).await.expect("room");
+            self.buffer.push(payload, None, None, 1_000, ack, &mut Admission::default()).await.expect("room");
         }
         let mut records = Vec::new();
         self.buffer.pop_intake_now(usize::MAX, &mut records);
@@ -108,7 +108,7 @@ async fn a_failed_fsync_under_always_never_acknowledges_a_record_as_spooled() {
 async fn records_synced_before_a_failed_fsync_are_acknowledged_and_the_rest_are_held() {
     let mut s = setup(Fsync::Always, WhenFull::Block);
     // One batch across a segment roll: the roll's sync works, the final one fails.
-    let frame = crate::buffer::spool::segment::frame_len(None, b"record 000 with some padding");
+    let frame = crate::buffer::spool::segment::frame_len(None, None, b"record 000 with some padding");
     let per_segment = (512 - crate::buffer::spool::segment::HEADER.len()) / frame;
     let batch = per_segment + per_segment / 2;
     let records = s.accept(batch).await;
@@ -212,7 +212,7 @@ async fn after_stop_a_write_waiting_for_disk_room_waits_for_the_deadline_not_the
     let Setup { buffer, spooler, tracker, _dir } = s;
     for i in 0..300 {
         let payload = Bytes::from(format!("record {i:03} with some padding"));
-        buffer.push(payload, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await.expect("room");
+        buffer.push(payload, None, None, 1_000, Some(tracker.issue()), &mut Admission::default()).await.expect("room");
     }
     let stop = CancellationToken::new();
     stop.cancel();
@@ -343,7 +343,7 @@ async fn after_a_full_spool_under_block_the_backlog_still_moves_while_writers_wa
     let mut in_flight: Vec<Record> = Vec::new();
     let mut admission = Admission::default();
     for i in 0..4000 {
-        let _ = buffer.push(numbered(i), None, 1_000, None, &mut admission).await;
+        let _ = buffer.push(numbered(i), None, None, 1_000, None, &mut admission).await;
         if buffer.poll_work(false) == Some(Work::Memory) {
             buffer.pop_batch(512, &mut in_flight);
         }
@@ -367,7 +367,7 @@ async fn after_a_full_spool_under_block_the_backlog_still_moves_while_writers_wa
             tokio::spawn(async move {
                 let mut admission = Admission::default();
                 for i in 0..200_000 {
-                    let _ = buffer.push(numbered(i), None, 1_000, None, &mut admission).await;
+                    let _ = buffer.push(numbered(i), None, None, 1_000, None, &mut admission).await;
                     if i % 10 == 0 {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
@@ -460,7 +460,7 @@ async fn interval_syncs_keep_settling_acks_under_steady_load() {
             let mut admission = Admission::default();
             let mut i = 0;
             while !load.is_cancelled() {
-                let _ = buffer.push(numbered(i), None, 1_000, Some(tracker.issue()), &mut admission).await;
+                let _ = buffer.push(numbered(i), None, None, 1_000, Some(tracker.issue()), &mut admission).await;
                 i += 1;
                 if i % 64 == 0 {
                     tokio::task::yield_now().await;
