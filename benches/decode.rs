@@ -143,6 +143,7 @@ fn decode(c: &mut Criterion) {
         namespace: Some("shop".into()),
         container: Some("app".into()),
         node: Some("n1".into()),
+        info: Default::default(),
     };
     let peer = PeerFragment::new(Some(Peer { pid: Some(42), uid: 1000, gid: 1000 }));
     let records: Vec<String> = (0..RECORDS).map(json_record).collect();

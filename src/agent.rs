@@ -107,8 +107,9 @@ pub async fn run(
 ) -> Result<DrainReport, AgentError> {
     // ---- Build: everything that can fail to start fails here, before anything runs.
     telemetry::register_agent_series();
-    let pod = PodMetadata::from_env();
+    let mut pod = PodMetadata::from_env();
     pod.check()?;
+    pod.info = crate::podinfo::first(&config.agent.pod_info);
     let (buffer, spool_writer) = open_buffer(&config).await?;
     // Every task runs under `tasks`; one that fails starts the drain, like a signal.
     let tasks = Tasks::new(shutdown.clone());
@@ -163,6 +164,25 @@ pub async fn run(
             background.clone(),
         ),
     )];
+    let pod = Arc::new(RwLock::new(pod));
+    if config.agent.pod_info.path.is_some() {
+        let current = pod.read().unwrap_or_else(|poisoned| poisoned.into_inner()).info.clone();
+        let (context, pod, running) = (context.clone(), pod.clone(), running.clone());
+        let changed = move |info: &crate::podinfo::PodInfo| {
+            let pod = {
+                let mut pod = pod.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+                pod.info = info.clone();
+                pod.clone()
+            };
+            let config = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+            context.envelopes.set_pod(&pod);
+            // Templates naming a label render again.
+            context.topics.set(&config.kafka, &pod);
+            context.key.set(KeyRule::new(&config.ship, &pod));
+        };
+        let follow = crate::podinfo::follow(config.agent.pod_info.clone(), current, changed, background.clone());
+        services.push(tasks.service("pod info", background.clone(), follow.instrument(info_span!("pod_info"))));
+    }
     if let Some(reloading) = reloading {
         let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
         let follow = reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload"));
@@ -389,11 +409,16 @@ struct Live {
     buffer: Buffer,
     context: Arc<IngestContext>,
     shipper: Arc<Shipper>,
-    pod: PodMetadata,
+    /// The pod, its labels as last read (`[agent.pod_info]`).
+    pod: Arc<RwLock<PodMetadata>>,
     reloading: Reloading,
 }
 
 impl Live {
+    fn pod(&self) -> PodMetadata {
+        self.pod.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
     /// Applies what changed, or refuses the whole config first: one librdkafka would not make a
     /// producer of (it was reported applied, and every producer made with it failed).
     fn apply(&self, old: &Config, new: &Config) -> Result<(), String> {
@@ -411,13 +436,13 @@ impl Live {
         if (old.ship.key, &old.ship.key_field, &old.ship.key_template)
             != (new.ship.key, &new.ship.key_field, &new.ship.key_template)
         {
-            self.context.key.set(KeyRule::new(&new.ship, &self.pod));
+            self.context.key.set(KeyRule::new(&new.ship, &self.pod()));
         }
         if (&old.kafka.topic, &old.kafka.default_topic, old.kafka.max_topics)
             != (&new.kafka.topic, &new.kafka.default_topic, new.kafka.max_topics)
         {
             // Records already routed keep their topic; the ones read from now on take the new.
-            self.context.topics.set(&new.kafka, &self.pod);
+            self.context.topics.set(&new.kafka, &self.pod());
             info!(topic = %new.kafka.topic, "kafka.topic applied to records read from now on");
         }
         if old.ship.envelope != new.ship.envelope {

@@ -28,7 +28,7 @@ pub mod reload;
 mod serde_helpers;
 mod ship;
 
-pub use self::agent::AgentConfig;
+pub use self::agent::{AgentConfig, PodInfoConfig};
 pub use self::buffer::{BufferConfig, BufferKind, Fsync, MIN_BUFFER_BYTES, MIN_DISK_BYTES, WhenFull};
 pub use self::ingest::{
     AckPoint, IngestConfig, ListenerConfig, MultilineConfig, MultilinePreset, Protocol, RateLimitAction,
@@ -129,11 +129,12 @@ impl Config {
 
     /// The largest Kafka message (envelope and key) a record may become: twice the largest
     /// record (JSON-escaping a text line grows it; the ingest sink refuses a record whose
-    /// message would be larger, `reason="too_large"`) plus [`ENVELOPE_HEADROOM`]. librdkafka's
-    /// queue and `message.max.bytes`, the backlog reader's chunk and the budget are sized to take
-    /// it.
+    /// message would be larger, `reason="too_large"`) plus [`ENVELOPE_HEADROOM`] and, with
+    /// `agent.pod_info`, its `max_bytes` of labels and annotations. librdkafka's queue and
+    /// `message.max.bytes`, the backlog reader's chunk and the budget are sized to take it.
     pub fn largest_message(&self) -> u64 {
-        self.largest_record().saturating_mul(2).saturating_add(ENVELOPE_HEADROOM)
+        let pod_info = if self.agent.pod_info.path.is_some() { self.agent.pod_info.max_bytes.as_u64() + 64 } else { 0 };
+        self.largest_record().saturating_mul(2).saturating_add(ENVELOPE_HEADROOM).saturating_add(pod_info)
     }
 
     /// The listener with the largest `max_record_size`, for error messages.

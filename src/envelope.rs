@@ -8,7 +8,9 @@
 //! ```text
 //! 0x02 | header length (u16) | agent instance (16-byte uuid) | sequence (u64) |
 //! ingest time (i64 µs since the epoch) | flags | [pid i32] [uid u32 gid u32] |
-//! [pod name] [namespace] [container] [node] (each u16 length + UTF-8) | the record …
+//! [pod name] [namespace] [container] [node] (each u16 length + UTF-8) |
+//! [labels and annotations (u16 length + a JSON object: {"labels":{…},"annotations":{…}})] |
+//! the record …
 //! ```
 //!
 //! Integers are big-endian. The record is what the app wrote (syslog and Forward records: the
@@ -21,7 +23,8 @@
 //!
 //! ```json
 //! {"v":1,"id":"<agent instance>-<seq>","ingest_time":"2026-11-30T03:04:05.123456Z",
-//!  "pod":{"name":"web-1","namespace":"shop","container":"app","node":"n1"},
+//!  "pod":{"name":"web-1","namespace":"shop","container":"app","node":"n1",
+//!         "labels":{"app":"web"},"annotations":{"team":"payments"}},
 //!  "peer":{"pid":42,"uid":1000,"gid":1000},
 //!  "format":"json","record":{...the app's line, byte for byte...}}
 //! ```
@@ -72,8 +75,10 @@ mod flag {
     pub const POD_NAMESPACE: u8 = 1 << 3;
     pub const CONTAINER: u8 = 1 << 4;
     pub const NODE: u8 = 1 << 5;
+    /// The pod's labels and annotations (`[agent.pod_info]`).
+    pub const POD_INFO: u8 = 1 << 6;
     /// Bits a reader of this version knows; a header with others set is refused.
-    pub const KNOWN: u8 = PEER | PID | POD_NAME | POD_NAMESPACE | CONTAINER | NODE;
+    pub const KNOWN: u8 = PEER | PID | POD_NAME | POD_NAMESPACE | CONTAINER | NODE | POD_INFO;
 }
 
 /// Which encoding the agent writes (`ship.envelope`).
@@ -109,6 +114,8 @@ pub struct PodMetadata {
     pub container: Option<String>,
     /// `NODE_NAME`
     pub node: Option<String>,
+    /// Labels and annotations (`[agent.pod_info]`, re-read while the agent runs).
+    pub info: crate::podinfo::PodInfo,
 }
 
 /// A pod field longer than [`MAX_POD_FIELD`].
@@ -130,6 +137,7 @@ impl PodMetadata {
             namespace: read("POD_NAMESPACE"),
             container: read("CONTAINER_NAME"),
             node: read("NODE_NAME"),
+            info: crate::podinfo::PodInfo::default(),
         }
     }
 
@@ -218,11 +226,12 @@ pub struct EnvelopeWriter {
     /// The instance as the JSON envelope's id writes it (32 lowercase hex digits).
     instance_text: String,
     sequence: AtomicU64,
-    /// `"pod":{...},` rendered once, or empty.
-    pod_json: String,
-    /// The binary header's pod flags and fields, rendered once.
-    pod_flags: u8,
-    pod_binary: Vec<u8>,
+    /// The pod's part of each envelope, rendered once (and again when its labels change).
+    pod: std::sync::RwLock<std::sync::Arc<PodParts>>,
+    /// Whether `pod` was ever replaced: until then (and always without `[agent.pod_info]`) the
+    /// write path reads `first`, without the lock.
+    pod_changed: std::sync::atomic::AtomicBool,
+    first: std::sync::Arc<PodParts>,
     /// [`EnvelopeKind`] as a number: `ship.envelope` may change on a reload.
     kind: AtomicU8,
     /// `namespace/name` of the pod, or the host's name ([`EnvelopeWriter::pod_identity`]).
@@ -237,35 +246,34 @@ impl EnvelopeWriter {
 
     /// A writer with a given instance id (tests, fuzzing).
     pub fn with_instance(pod: &PodMetadata, instance: uuid::Uuid, kind: EnvelopeKind) -> Self {
-        let mut fields = Vec::new();
-        let (mut pod_flags, mut pod_binary) = (0, Vec::new());
-        for (_, key, bit, value) in pod.fields() {
-            if let Some(value) = value {
-                fields.push(format!("{}:{}", json_string(key), json_string(value)));
-                // `check` keeps a field within MAX_POD_FIELD; a longer one (never from the
-                // Downward API) is cut at a character boundary rather than break the header.
-                let mut len = value.len().min(MAX_POD_FIELD);
-                while !value.is_char_boundary(len) {
-                    len -= 1;
-                }
-                pod_flags |= bit;
-                pod_binary.extend_from_slice(&(len as u16).to_be_bytes());
-                pod_binary.extend_from_slice(&value.as_bytes()[..len]);
-            }
-        }
-        let pod_json = if fields.is_empty() { String::new() } else { format!("\"pod\":{{{}}},", fields.join(",")) };
+        let first = std::sync::Arc::new(PodParts::new(pod));
         let writer = Self {
             instance,
             instance_text: instance.simple().to_string(),
             sequence: AtomicU64::new(0),
-            pod_json,
-            pod_flags,
-            pod_binary,
+            pod: std::sync::RwLock::new(first.clone()),
+            pod_changed: std::sync::atomic::AtomicBool::new(false),
+            first,
             kind: AtomicU8::new(0),
             pod_identity: pod.identity(),
         };
         writer.set_kind(kind);
         writer
+    }
+
+    /// Envelopes written from now on carry `pod` (its labels and annotations changed).
+    pub fn set_pod(&self, pod: &PodMetadata) {
+        *self.pod.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = std::sync::Arc::new(PodParts::new(pod));
+        self.pod_changed.store(true, Ordering::Release);
+    }
+
+    /// The pod's part of the envelope written now.
+    fn pod_parts(&self) -> std::borrow::Cow<'_, std::sync::Arc<PodParts>> {
+        if self.pod_changed.load(Ordering::Acquire) {
+            std::borrow::Cow::Owned(self.pod.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+        } else {
+            std::borrow::Cow::Borrowed(&self.first)
+        }
     }
 
     /// This process's instance id.
@@ -275,12 +283,56 @@ impl EnvelopeWriter {
 
     /// Bytes an envelope takes beyond its record (for a JSON envelope, before escapes).
     pub fn headroom(&self) -> usize {
+        let pod = self.pod_parts();
         match self.kind() {
-            EnvelopeKind::Binary => BINARY_FIXED + 12 + self.pod_binary.len(),
-            EnvelopeKind::Json => 256 + self.pod_json.len(),
+            EnvelopeKind::Binary => BINARY_FIXED + 12 + pod.binary.len(),
+            EnvelopeKind::Json => 256 + pod.json.len(),
         }
     }
+}
 
+/// The pod's part of an envelope, rendered once per pod (and again when its labels change):
+/// `"pod":{…},` for the JSON envelope, the binary header's pod flags and fields.
+#[derive(Debug)]
+struct PodParts {
+    json: String,
+    flags: u8,
+    binary: Vec<u8>,
+}
+
+impl PodParts {
+    fn new(pod: &PodMetadata) -> Self {
+        let mut fields = Vec::new();
+        let (mut flags, mut binary) = (0, Vec::new());
+        for (_, key, bit, value) in pod.fields() {
+            if let Some(value) = value {
+                fields.push(format!("{}:{}", json_string(key), json_string(value)));
+                // `check` keeps a field within MAX_POD_FIELD; a longer one (never from the
+                // Downward API) is cut at a character boundary rather than break the header.
+                let mut len = value.len().min(MAX_POD_FIELD);
+                while !value.is_char_boundary(len) {
+                    len -= 1;
+                }
+                flags |= bit;
+                binary.extend_from_slice(&(len as u16).to_be_bytes());
+                binary.extend_from_slice(&value.as_bytes()[..len]);
+            }
+        }
+        let info = pod.info.json();
+        if !info.is_empty() {
+            // `{"labels":…}` without its braces: fields of the pod object. Capped at load
+            // (`agent.pod_info.max_bytes`, at most 32 KiB): the header stays within u16.
+            fields.push(info[1..info.len() - 1].to_string());
+            flags |= flag::POD_INFO;
+            binary.extend_from_slice(&(info.len() as u16).to_be_bytes());
+            binary.extend_from_slice(info.as_bytes());
+        }
+        let json = if fields.is_empty() { String::new() } else { format!("\"pod\":{{{}}},", fields.join(",")) };
+        Self { json, flags, binary }
+    }
+}
+
+impl EnvelopeWriter {
     /// The encoding written from now on (a config reload may change it).
     pub fn set_kind(&self, kind: EnvelopeKind) {
         self.kind.store(kind as u8, Ordering::Relaxed);
@@ -336,7 +388,8 @@ impl EnvelopeWriter {
         now: DateTime<Utc>,
         out: &mut BytesMut,
     ) {
-        let mut flags = self.pod_flags;
+        let pod = self.pod_parts();
+        let mut flags = pod.flags;
         let mut peer_len = 0;
         if let Some(peer) = peer {
             flags |= flag::PEER;
@@ -346,10 +399,10 @@ impl EnvelopeWriter {
                 peer_len += 4;
             }
         }
-        let header = BINARY_FIXED + peer_len + self.pod_binary.len();
+        let header = BINARY_FIXED + peer_len + pod.binary.len();
         out.reserve(header + line.len());
         out.put_u8(BINARY_VERSION);
-        // At most BINARY_FIXED + 12 + 4 × (2 + MAX_POD_FIELD): far below u16::MAX.
+        // At most BINARY_FIXED + 12 + 4 × (2 + MAX_POD_FIELD) + 2 + 32 KiB: below u16::MAX.
         out.put_u16(header as u16);
         out.extend_from_slice(instance);
         out.put_u64(sequence);
@@ -362,7 +415,7 @@ impl EnvelopeWriter {
             out.put_u32(peer.uid);
             out.put_u32(peer.gid);
         }
-        out.extend_from_slice(&self.pod_binary);
+        out.extend_from_slice(&pod.binary);
         out.extend_from_slice(line.as_bytes());
     }
 
@@ -376,7 +429,8 @@ impl EnvelopeWriter {
         out: &mut BytesMut,
     ) {
         let format = if is_json_object(line) { Format::Json } else { Format::Text };
-        out.reserve(line.len() + 160 + self.pod_json.len() + peer_json.len());
+        let pod = self.pod_parts();
+        out.reserve(line.len() + 160 + pod.json.len() + peer_json.len());
         out.extend_from_slice(b"{\"v\":1,\"id\":\"");
         out.extend_from_slice(instance_text.as_bytes());
         out.put_u8(b'-');
@@ -384,7 +438,7 @@ impl EnvelopeWriter {
         out.extend_from_slice(b"\",\"ingest_time\":\"");
         write_rfc3339_micros(now, out);
         out.extend_from_slice(b"\",");
-        out.extend_from_slice(self.pod_json.as_bytes());
+        out.extend_from_slice(pod.json.as_bytes());
         out.extend_from_slice(peer_json.as_bytes());
         match format {
             Format::Json => {
@@ -532,6 +586,21 @@ pub struct PodFields<'a> {
     pub container: Option<Cow<'a, str>>,
     #[serde(borrow)]
     pub node: Option<Cow<'a, str>>,
+    /// The pod's labels, a JSON object (`[agent.pod_info]`).
+    #[serde(borrow, default)]
+    pub labels: Option<&'a RawValue>,
+    /// The pod's annotations, a JSON object.
+    #[serde(borrow, default)]
+    pub annotations: Option<&'a RawValue>,
+}
+
+/// Labels and annotations as a binary header carries them.
+#[derive(Deserialize)]
+struct PodInfoFields<'a> {
+    #[serde(borrow, default)]
+    labels: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    annotations: Option<&'a RawValue>,
 }
 
 /// Peer fields of a read envelope.
@@ -606,6 +675,11 @@ impl<'a> Envelope<'a> {
         if envelope.v != VERSION {
             return Err(EnvelopeError::UnsupportedVersion(envelope.v));
         }
+        for map in [envelope.pod.labels, envelope.pod.annotations].into_iter().flatten() {
+            if !map.get().starts_with('{') {
+                return Err(EnvelopeError::MalformedBinary("the pod's labels or annotations are not a JSON object"));
+            }
+        }
         let body = match envelope.format {
             Format::Json => Body::Json(envelope.record.get()),
             Format::Text => {
@@ -671,12 +745,26 @@ impl<'a> Envelope<'a> {
                 std::str::from_utf8(field).map_err(|_| EnvelopeError::MalformedBinary("a pod field is not UTF-8"))?;
             Ok(Some(Cow::Borrowed(field)))
         };
-        let pod = PodFields {
+        let mut pod = PodFields {
             name: text(flag::POD_NAME)?,
             namespace: text(flag::POD_NAMESPACE)?,
             container: text(flag::CONTAINER)?,
             node: text(flag::NODE)?,
+            labels: None,
+            annotations: None,
         };
+        if let Some(info) = text(flag::POD_INFO)? {
+            let Cow::Borrowed(info) = info else { unreachable!("binary fields are borrowed") };
+            let fields: PodInfoFields<'a> = serde_json::from_str(info).map_err(|_| {
+                EnvelopeError::MalformedBinary("the pod's labels and annotations are not a JSON object")
+            })?;
+            (pod.labels, pod.annotations) = (fields.labels, fields.annotations);
+        }
+        for map in [pod.labels, pod.annotations].into_iter().flatten() {
+            if !map.get().starts_with('{') {
+                return Err(EnvelopeError::MalformedBinary("the pod's labels or annotations are not a JSON object"));
+            }
+        }
         if !reader.bytes.is_empty() {
             return Err(EnvelopeError::MalformedBinary("the binary header is longer than its fields"));
         }

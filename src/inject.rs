@@ -299,6 +299,9 @@ volumeMounts:
     mountPath: /run/sluice
   - name: sluice-config
     mountPath: /etc/sluice
+    readOnly: true
+  - name: sluice-podinfo
+    mountPath: /etc/podinfo
     readOnly: true{spool_mount}
 "#,
         image = options.image,
@@ -312,6 +315,11 @@ pub fn sidecar_volumes(options: &Options) -> Vec<Value> {
     let mut volumes = vec![
         yaml("{name: sluice-socket, emptyDir: {medium: Memory, sizeLimit: 1Mi}}"),
         yaml(&format!("{{name: sluice-config, configMap: {{name: {:?}}}}}", options.config_map)),
+        // The pod's labels and annotations (`agent.pod_info`; the chart's config reads them).
+        yaml(
+            "{name: sluice-podinfo, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}, \
+             {path: annotations, fieldRef: {fieldPath: metadata.annotations}}]}}",
+        ),
     ];
     if options.buffer == "disk" {
         volumes.push(yaml(&format!("{{name: sluice-spool, emptyDir: {{sizeLimit: {}}}}}", options.spool_size_limit)));

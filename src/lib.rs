@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod inject;
 pub mod lifecycle;
 pub mod persist;
+pub mod podinfo;
 pub mod ship;
 pub mod shutdown;
 pub mod status;

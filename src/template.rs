@@ -2,7 +2,8 @@
 //! key (`ship.key = "template"`) and the topic (`kafka.topic`).
 //!
 //! Owns: the syntax — literal text, and `{pod.name}`, `{pod.namespace}`, `{pod.container}`,
-//! `{pod.node}` (the Downward API's), `{record.FIELD}` (a top-level field of a JSON record: a
+//! `{pod.node}` (the Downward API's), `{pod.labels.NAME}`, `{pod.annotations.NAME}`
+//! (`[agent.pod_info]`), `{record.FIELD}` (a top-level field of a JSON record: a
 //! string's content, any other value's JSON text); `{{` and `}}` are literal braces — checked at
 //! load, and rendering one record. Must not: allocate per record beyond the rendered text, or
 //! render a value that is not there (a missing pod or record field renders nothing at all: the
@@ -22,6 +23,8 @@ pub struct Template {
 enum Part {
     Literal(String),
     Pod(PodField),
+    Label(String),
+    Annotation(String),
     Record(String),
 }
 
@@ -68,14 +71,21 @@ impl Template {
                 "pod.namespace" => Part::Pod(PodField::Namespace),
                 "pod.container" => Part::Pod(PodField::Container),
                 "pod.node" => Part::Pod(PodField::Node),
-                _ => match name.strip_prefix("record.") {
-                    Some(field) if !field.is_empty() && !field.contains(['{', '"']) => Part::Record(field.to_string()),
-                    _ => {
+                _ => {
+                    let named =
+                        |prefix: &str| name.strip_prefix(prefix).filter(|n| !n.is_empty() && !n.contains(['{', '"']));
+                    if let Some(field) = named("record.") {
+                        Part::Record(field.to_string())
+                    } else if let Some(label) = named("pod.labels.") {
+                        Part::Label(label.to_string())
+                    } else if let Some(annotation) = named("pod.annotations.") {
+                        Part::Annotation(annotation.to_string())
+                    } else {
                         return Err(TemplateError(format!(
-                            "`{{{name}}}`: a template names pod.name, pod.namespace, pod.container, pod.node or record.FIELD"
+                            "`{{{name}}}`: a template names pod.name, pod.namespace, pod.container, pod.node, pod.labels.NAME, pod.annotations.NAME or record.FIELD"
                         )));
                     }
-                },
+                }
             };
             if !literal.is_empty() {
                 parts.push(Part::Literal(std::mem::take(&mut literal)));
@@ -130,6 +140,13 @@ impl Template {
                         None => return false,
                     }
                 }
+                Part::Label(name) | Part::Annotation(name) => {
+                    let map = if matches!(part, Part::Label(_)) { &pod.info.labels } else { &pod.info.annotations };
+                    match map.get(name) {
+                        Some(value) => out.push_str(value),
+                        None => return false,
+                    }
+                }
                 Part::Record(field) => {
                     let fields = fields.get_or_insert_with(|| {
                         crate::envelope::is_json_object(record).then(|| serde_json::from_str(record).ok()).flatten()
@@ -157,6 +174,8 @@ impl fmt::Display for Template {
                 Part::Pod(PodField::Namespace) => write!(f, "{{pod.namespace}}")?,
                 Part::Pod(PodField::Container) => write!(f, "{{pod.container}}")?,
                 Part::Pod(PodField::Node) => write!(f, "{{pod.node}}")?,
+                Part::Label(name) => write!(f, "{{pod.labels.{name}}}")?,
+                Part::Annotation(name) => write!(f, "{{pod.annotations.{name}}}")?,
                 Part::Record(field) => write!(f, "{{record.{field}}}")?,
             }
         }
@@ -169,7 +188,13 @@ mod tests {
     use super::*;
 
     fn pod() -> PodMetadata {
-        PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: None }
+        PodMetadata {
+            name: Some("web-1".into()),
+            namespace: Some("shop".into()),
+            container: None,
+            node: None,
+            info: Default::default(),
+        }
     }
 
     #[test]
@@ -188,6 +213,19 @@ mod tests {
         assert!(!Template::parse("{record.user}").expect("parse").render(&pod(), r#"{"n":1}"#, &mut out));
         assert!(!Template::parse("{record.user}").expect("parse").render(&pod(), "plain text", &mut out));
         assert!(!Template::parse("{pod.node}").expect("parse").render(&pod(), "{}", &mut out), "no NODE_NAME");
+    }
+
+    #[test]
+    fn renders_pod_labels_and_annotations() {
+        let mut pod = pod();
+        pod.info.labels.insert("app".into(), "web".into());
+        pod.info.annotations.insert("sluice.dev/team".into(), "payments".into());
+        let template = Template::parse("{pod.labels.app}.{pod.annotations.sluice.dev/team}").expect("parse");
+        let mut out = String::new();
+        assert!(template.render(&pod, "", &mut out));
+        assert_eq!(out, "web.payments");
+        assert!(!template.reads_records());
+        assert!(!Template::parse("{pod.labels.tier}").expect("parse").render(&pod, "", &mut out), "no such label");
     }
 
     #[test]

@@ -28,34 +28,7 @@ use crate::template::Template;
 /// again (it may have been created meanwhile).
 pub const UNKNOWN_FOR: Duration = Duration::from_secs(60);
 
-/// Why a record went to the default topic (the `reason` label of
-/// `sluice_ingest_topic_defaults_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Defaulted {
-    /// A pod or record field the template names is missing.
-    MissingField,
-    /// The rendered name is not a Kafka topic name (`[a-zA-Z0-9._-]`, 1-249 characters).
-    InvalidTopic,
-    /// The agent already routes to `kafka.max_topics` topics.
-    MaxTopics,
-    /// The broker does not know the topic (and does not create it).
-    UnknownTopic,
-}
-
-impl Defaulted {
-    const ALL: [Defaulted; 4] =
-        [Defaulted::MissingField, Defaulted::InvalidTopic, Defaulted::MaxTopics, Defaulted::UnknownTopic];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Defaulted::MissingField => "missing_field",
-            Defaulted::InvalidTopic => "invalid_topic",
-            Defaulted::MaxTopics => "max_topics",
-            Defaulted::UnknownTopic => "unknown_topic",
-        }
-    }
-}
+pub use crate::telemetry::outcome::Defaulted;
 
 /// One config's way of routing records.
 #[derive(Debug)]
@@ -70,7 +43,7 @@ enum Kind {
     /// once); with a reason when that is the default topic because the template could not render.
     Fixed(Topic, Option<Defaulted>),
     /// Rendered per record.
-    Template { template: Template, pod: PodMetadata, max_topics: usize, known: RwLock<HashMap<Box<str>, Known>> },
+    Template { template: Template, pod: Box<PodMetadata>, max_topics: usize, known: RwLock<HashMap<Box<str>, Known>> },
 }
 
 /// A topic a route sends to.
@@ -101,7 +74,7 @@ impl Route {
             }
             Some(Ok(template)) => Kind::Template {
                 template,
-                pod: pod.clone(),
+                pod: Box::new(pod.clone()),
                 max_topics: kafka.max_topics,
                 known: RwLock::new(HashMap::new()),
             },
@@ -273,7 +246,13 @@ mod tests {
     }
 
     fn pod() -> PodMetadata {
-        PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: None }
+        PodMetadata {
+            name: Some("web-1".into()),
+            namespace: Some("shop".into()),
+            container: None,
+            node: None,
+            info: Default::default(),
+        }
     }
 
     #[test]

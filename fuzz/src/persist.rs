@@ -93,6 +93,7 @@ pub fn line(bytes: &[u8], kind: EnvelopeKind) {
         namespace: Some("shop".into()),
         container: None,
         node: Some("n1".into()),
+        info: Default::default(),
     };
     let instance = uuid::Uuid::parse_str(INSTANCE).expect("a uuid");
     let writer = EnvelopeWriter::with_instance(&pod, instance, kind);

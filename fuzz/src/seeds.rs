@@ -30,7 +30,13 @@ fn envelope(line: &str) -> Vec<u8> {
 }
 
 fn envelope_as(kind: EnvelopeKind, line: &str) -> Vec<u8> {
-    let pod = PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: None };
+    let pod = PodMetadata {
+        name: Some("web-1".into()),
+        namespace: Some("shop".into()),
+        container: None,
+        node: None,
+        info: Default::default(),
+    };
     let instance = uuid::Uuid::parse_str("0197a5c0f0e07d3a8f1e2b3c4d5e6f70").expect("a uuid");
     let writer = EnvelopeWriter::with_instance(&pod, instance, kind);
     let peer = PeerFragment::new(Some(Peer { pid: Some(42), uid: 1000, gid: 1000 }));

@@ -4,7 +4,13 @@ use crate::telemetry::outcome::DeadLetterReason;
 const BOTH: [EnvelopeKind; 2] = [EnvelopeKind::Binary, EnvelopeKind::Json];
 
 fn pod() -> PodMetadata {
-    PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), container: None, node: Some("n1".into()) }
+    PodMetadata {
+        name: Some("web-1".into()),
+        namespace: Some("shop".into()),
+        container: None,
+        node: Some("n1".into()),
+        info: Default::default(),
+    }
 }
 
 fn instance() -> uuid::Uuid {
@@ -234,7 +240,7 @@ proptest::proptest! {
         pid in proptest::option::of(proptest::prelude::any::<i32>()),
         micros in 0i64..4_102_444_800_000_000,
     ) {
-        let pod = PodMetadata { name, namespace: None, container, node: Some("n".into()) };
+        let pod = PodMetadata { name, namespace: None, container, node: Some("n".into()), info: Default::default() };
         let peer = PeerFragment::new(Some(Peer { pid, uid: 5, gid: 6 }));
         let now = DateTime::from_timestamp_micros(micros).expect("a time");
         let read = |kind| {
@@ -255,4 +261,35 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&binary.3, &line);
         proptest::prop_assert_eq!(binary, read(EnvelopeKind::Json));
     }
+}
+
+#[test]
+fn carries_the_pods_labels_and_annotations_in_both_encodings_and_new_ones_after_a_change() {
+    for kind in BOTH {
+        let mut pod = pod();
+        pod.info.labels.insert("app".into(), "web \"1\"".into());
+        pod.info.annotations.insert("sluice.dev/team".into(), "payments".into());
+        let writer = EnvelopeWriter::with_instance(&pod, instance(), kind);
+        let bytes = write(&writer, r#"{"n":1}"#);
+        let envelope = Envelope::parse(&bytes).expect("valid envelope");
+        assert_eq!(envelope.pod.labels.map(RawValue::get), Some(r#"{"app":"web \"1\""}"#), "{kind:?}");
+        assert_eq!(envelope.pod.annotations.map(RawValue::get), Some(r#"{"sluice.dev/team":"payments"}"#), "{kind:?}");
+        assert_eq!(envelope.pod.name.as_deref(), Some("web-1"), "{kind:?}");
+        assert_eq!(envelope.body, Body::Json(r#"{"n":1}"#), "{kind:?}");
+
+        pod.info.annotations.clear();
+        pod.info.labels.insert("app".into(), "api".into());
+        writer.set_pod(&pod);
+        let bytes = write(&writer, "text");
+        let envelope = Envelope::parse(&bytes).expect("valid envelope");
+        assert_eq!(envelope.pod.labels.map(RawValue::get), Some(r#"{"app":"api"}"#), "{kind:?}");
+        assert!(envelope.pod.annotations.is_none(), "{kind:?}");
+        assert_eq!(envelope.body, Body::Text("text".into()), "{kind:?}");
+    }
+}
+
+#[test]
+fn refuses_labels_that_are_not_a_json_object() {
+    let bad = br#"{"v":1,"id":"a-1","ingest_time":"2026-12-06T00:00:00Z","pod":{"labels":["x"]},"format":"text","record":{"message":"m"}}"#;
+    assert!(Envelope::parse(bad).is_err());
 }

@@ -46,7 +46,7 @@ fn adds_a_native_sidecar_the_socket_and_the_volumes() {
     assert_eq!(web["volumeMounts"][0]["mountPath"], "/run/sluice");
     let volumes: Vec<&str> =
         spec["volumes"].as_sequence().expect("volumes").iter().map(|v| v["name"].as_str().expect("name")).collect();
-    assert_eq!(volumes, vec!["sluice-socket", "sluice-config", "sluice-spool"]);
+    assert_eq!(volumes, vec!["sluice-socket", "sluice-config", "sluice-podinfo", "sluice-spool"]);
     assert_eq!(doc["spec"]["template"]["metadata"]["labels"]["sluice.dev/sidecar"], "true");
     assert_eq!(doc["spec"]["replicas"], 2, "nothing else changes");
 }
@@ -68,7 +68,7 @@ fn a_regular_sidecar_goes_with_the_containers_and_waits_before_stopping() {
     assert_eq!(sidecar["name"], "sluice");
     assert!(sidecar.get("restartPolicy").is_none());
     assert_eq!(sidecar["lifecycle"]["preStop"]["exec"]["command"][1], "pre-stop");
-    assert_eq!(spec["volumes"].as_sequence().expect("volumes").len(), 2, "no spool with a memory buffer");
+    assert_eq!(spec["volumes"].as_sequence().expect("volumes").len(), 3, "no spool with a memory buffer");
 }
 
 #[test]

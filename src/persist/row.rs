@@ -47,6 +47,9 @@ pub struct Row {
     pub pod_namespace: Option<String>,
     pub container_name: Option<String>,
     pub node_name: Option<String>,
+    /// The pod's labels and annotations, JSON objects (`[agent.pod_info]`).
+    pub pod_labels: Option<JsonText>,
+    pub pod_annotations: Option<JsonText>,
     pub peer_pid: Option<i32>,
     pub peer_uid: Option<i64>,
     pub peer_gid: Option<i64>,
@@ -358,10 +361,12 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         RecordId::Text(id) => Some(id),
         RecordId::Parts { .. } => None,
     };
+    let pod_info = [pod.labels, pod.annotations].into_iter().flatten().map(|map| map.get());
     if [text_id, pod.name.as_ref(), pod.namespace.as_ref(), pod.container.as_ref(), pod.node.as_ref()]
         .into_iter()
         .flatten()
         .any(|text| text.contains('\0'))
+        || pod_info.clone().any(|map| map.contains('\0') || crate::storable::unstorable_escape(map).is_some())
     {
         return dead(
             origin,
@@ -405,6 +410,8 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         pod_namespace: envelope.pod.namespace.map(Into::into),
         container_name: envelope.pod.container.map(Into::into),
         node_name: envelope.pod.node.map(Into::into),
+        pod_labels: envelope.pod.labels.map(|map| JsonText(map.get().to_owned())),
+        pod_annotations: envelope.pod.annotations.map(|map| JsonText(map.get().to_owned())),
         peer_pid: peer.pid,
         peer_uid: peer.uid.map(i64::from),
         peer_gid: peer.gid.map(i64::from),

@@ -42,6 +42,8 @@ const COLUMNS: &[(&str, Type)] = &[
     ("pod_namespace", Type::TEXT),
     ("container_name", Type::TEXT),
     ("node_name", Type::TEXT),
+    ("pod_labels", Type::JSONB),
+    ("pod_annotations", Type::JSONB),
     ("peer_pid", Type::INT4),
     ("peer_uid", Type::INT8),
     ("peer_gid", Type::INT8),
@@ -245,7 +247,7 @@ impl Writer {
             let mut copy = BytesMut::with_capacity(COPY_CHUNK + 64 * 1024);
             copy.put_slice(COPY_HEADER);
             for row in rows {
-                let values: [&(dyn ToSql + Sync); 18] = [
+                let values: [&(dyn ToSql + Sync); 20] = [
                     &row.key.agent,
                     &row.key.seq,
                     &row.ingest_time,
@@ -257,6 +259,8 @@ impl Writer {
                     &row.pod_namespace,
                     &row.container_name,
                     &row.node_name,
+                    &row.pod_labels,
+                    &row.pod_annotations,
                     &row.peer_pid,
                     &row.peer_uid,
                     &row.peer_gid,

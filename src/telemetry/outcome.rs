@@ -393,6 +393,61 @@ impl Reload {
     }
 }
 
+/// Why a record went to the default topic (the `reason` label of
+/// `sluice_ingest_topic_defaults_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defaulted {
+    /// A pod or record field the template names is missing.
+    MissingField,
+    /// The rendered name is not a Kafka topic name (`[a-zA-Z0-9._-]`, 1-249 characters).
+    InvalidTopic,
+    /// The agent already routes to `kafka.max_topics` topics.
+    MaxTopics,
+    /// The broker does not know the topic (and does not create it).
+    UnknownTopic,
+}
+
+impl Defaulted {
+    /// Every reason, in the order of their counters.
+    pub const ALL: [Defaulted; 4] =
+        [Defaulted::MissingField, Defaulted::InvalidTopic, Defaulted::MaxTopics, Defaulted::UnknownTopic];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Defaulted::MissingField => "missing_field",
+            Defaulted::InvalidTopic => "invalid_topic",
+            Defaulted::MaxTopics => "max_topics",
+            Defaulted::UnknownTopic => "unknown_topic",
+        }
+    }
+}
+
+/// Why a pod label or annotation was not kept (`sluice_pod_info_skipped{kind, reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodInfoSkip {
+    /// Not in `agent.pod_info.labels`/`annotations`, or in `exclude`.
+    NotAllowed,
+    /// Past `agent.pod_info.max_bytes`.
+    MaxBytes,
+    /// A line that is not `key="value"`, a file too large or not UTF-8.
+    Malformed,
+}
+
+impl PodInfoSkip {
+    /// Every reason.
+    pub const ALL: [PodInfoSkip; 3] = [PodInfoSkip::NotAllowed, PodInfoSkip::MaxBytes, PodInfoSkip::Malformed];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodInfoSkip::NotAllowed => "not_allowed",
+            PodInfoSkip::MaxBytes => "max_bytes",
+            PodInfoSkip::Malformed => "malformed",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,13 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
     ("keda", &["persister.keda.enabled=true"]),
     (
         "topic template, keda",
-        &["kafka.topic=logs.{pod.namespace}", "kafka.defaultTopic=logs.other", "persister.keda.enabled=true"],
+        &[
+            "kafka.topic=logs.{pod.labels.team}",
+            "kafka.defaultTopic=logs.other",
+            "persister.keda.enabled=true",
+            "persister.config.persist.topics[0]=^logs\\..*",
+            "sidecar.config.agent.pod_info.annotations[0]=sluice.dev/*",
+        ],
     ),
     (
         "otlp, multiline",

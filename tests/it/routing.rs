@@ -198,3 +198,89 @@ async fn a_key_template_and_headers_reach_kafka_with_each_record() {
     // The persister stores them as ever.
     assert_eq!(row_count(db).await, 4);
 }
+
+/// Labels and annotations from a Downward API volume (here a folder the test writes, as the
+/// kubelet does: a symlink swap) reach each row, route records by a template, and follow a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_labels_reach_each_row_route_by_template_and_follow_a_change() {
+    let setup = Scenario::new("podinfo").without_topic().build().await;
+    let base = setup.topic.clone();
+    for team in ["payments", "search"] {
+        create_topic(&setup.bootstrap, &format!("{base}.{team}"), 1).await;
+    }
+    create_topic(&setup.bootstrap, &format!("{base}.other"), 1).await;
+    let podinfo = setup.config.dir.path().join("podinfo");
+    // As the kubelet writes it: files behind `..data`, swapped atomically.
+    let publish = |version: &str, labels: &str, annotations: &str| {
+        let folder = podinfo.join(format!("..{version}"));
+        std::fs::create_dir_all(&folder).expect("folder");
+        std::fs::write(folder.join("labels"), labels).expect("labels");
+        std::fs::write(folder.join("annotations"), annotations).expect("annotations");
+        std::os::unix::fs::symlink(format!("..{version}"), podinfo.join("..data_tmp")).expect("symlink");
+        std::fs::rename(podinfo.join("..data_tmp"), podinfo.join("..data")).expect("swap");
+    };
+    std::fs::create_dir_all(&podinfo).expect("podinfo");
+    publish("v1", "team=\"payments\"\npod-template-hash=\"abc123\"\n", "sluice.dev/owner=\"ann\"\nbig=\"x\"\n");
+    for file in ["labels", "annotations"] {
+        std::os::unix::fs::symlink(format!("..data/{file}"), podinfo.join(file)).expect("link");
+    }
+    let mut setup = setup;
+    setup.config.set("kafka", "topic", format!("{base}.{{pod.labels.team}}")).set(
+        "kafka",
+        "default_topic",
+        format!("{base}.other"),
+    );
+    let mut pod_info = toml::Table::new();
+    pod_info.insert("path".into(), podinfo.display().to_string().into());
+    pod_info.insert("annotations".into(), vec!["sluice.dev/*".to_string()].into());
+    pod_info.insert("interval".into(), "1s".into());
+    setup.config.set("agent", "pod_info", toml::Value::Table(pod_info));
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
+    send_lines(&setup.config.socket(), &[br#"{"n":1}"#.to_vec()]).await;
+    until_rows(&db, 1).await;
+    let row = db
+        .query_one(
+            "SELECT kafka_topic, pod_labels::text, pod_annotations::text FROM logs WHERE (record->>'n')::int = 1",
+            &[],
+        )
+        .await
+        .expect("row");
+    assert_eq!(row.get::<_, String>(0), format!("{base}.payments"));
+    assert_eq!(
+        row.get::<_, Option<String>>(1).as_deref(),
+        Some(r#"{"team": "payments"}"#),
+        "excluded by default: pod-template-hash"
+    );
+    assert_eq!(
+        row.get::<_, Option<String>>(2).as_deref(),
+        Some(r#"{"sluice.dev/owner": "ann"}"#),
+        "only what is listed"
+    );
+    let metrics = scrape(setup.config.agent_admin()).await;
+    assert_eq!(metrics.value(telemetry::POD_INFO_SKIPPED, &[("kind", "labels"), ("reason", "not_allowed")]), Some(1.0));
+    assert_eq!(
+        metrics.value(telemetry::POD_INFO_SKIPPED, &[("kind", "annotations"), ("reason", "not_allowed")]),
+        Some(1.0)
+    );
+
+    // The team changes (a relabel): records read after the agent sees it go to the new topic.
+    publish("v2", "team=\"search\"\n", "");
+    until_scrape(setup.config.agent_admin(), "the new labels read", |metrics| {
+        metrics.value(telemetry::POD_INFO_ENTRIES, &[("kind", "annotations")]) == Some(0.0)
+    })
+    .await;
+    send_lines(&setup.config.socket(), &[br#"{"n":2}"#.to_vec()]).await;
+    until_rows(&db, 2).await;
+    let row = db
+        .query_one(
+            "SELECT kafka_topic, pod_labels::text, pod_annotations::text FROM logs WHERE (record->>'n')::int = 2",
+            &[],
+        )
+        .await
+        .expect("row");
+    assert_eq!(row.get::<_, String>(0), format!("{base}.search"));
+    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some(r#"{"team": "search"}"#));
+    assert_eq!(row.get::<_, Option<String>>(2), None);
+}

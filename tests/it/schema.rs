@@ -215,3 +215,58 @@ async fn the_v3_upgrade_keeps_every_stored_row_as_it_was_and_rewrites_none() {
     let rows: i64 = client.query_one("SELECT count(*) FROM logs", &[]).await.expect("count").get(0);
     assert_eq!(rows, 1003, "the old day's row went with its partition");
 }
+
+#[tokio::test]
+async fn the_v4_upgrade_adds_pod_labels_beside_rows_already_stored_and_rewrites_none() {
+    // A V3 database holding rows: after V4 they read as before, with no labels; a reader of the
+    // view still reads it; new rows carry labels and annotations as jsonb.
+    let today = Utc::now().date_naive();
+    let (config, mut client) = database_at(3, &[]).await;
+    schema::ensure_partitions(&client, &[today]).await.expect("a V3 partition");
+    client
+        .batch_execute(
+            "INSERT INTO log_rows (agent, seq, ingest_time, format, record, kafka_topic, kafka_partition, kafka_offset) \
+             SELECT gen_random_uuid(), i, now(), 'json', json_build_object('msg', 'old ' || i), 't', 0, i \
+             FROM generate_series(1, 500) AS i",
+        )
+        .await
+        .expect("V3 rows");
+    let reader = format!("{}_reader", config.schema);
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {reader}; GRANT USAGE ON SCHEMA {schema} TO {reader}; GRANT SELECT ON logs, log_rows TO {reader}",
+            schema = config.schema
+        ))
+        .await
+        .expect("a reader");
+    let relfilenodes = "SELECT string_agg(relfilenode::text, ',' ORDER BY relname) FROM pg_class \
+                        WHERE relname LIKE 'logs_20%' AND relnamespace = current_schema()::regnamespace";
+    let before: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
+
+    schema::migrate(&mut client, &config.schema).await.expect("the upgrade");
+
+    let after: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
+    assert_eq!(after, before, "no partition was rewritten");
+    let old = client
+        .query_one("SELECT count(*), count(pod_labels), count(*) FILTER (WHERE message LIKE 'old %') FROM logs", &[])
+        .await
+        .expect("old rows");
+    assert_eq!((old.get::<_, i64>(0), old.get::<_, i64>(1), old.get::<_, i64>(2)), (500, 0, 500));
+    client
+        .batch_execute(
+            r#"INSERT INTO log_rows (agent, seq, ingest_time, format, record, kafka_topic, kafka_partition, kafka_offset, pod_labels, pod_annotations)
+               VALUES (gen_random_uuid(), 501, now(), 'json', '{"msg":"new"}', 't', 0, 501, '{"app":"web"}', '{"team":"payments"}')"#,
+        )
+        .await
+        .expect("a new row");
+    let read_by_reader = client
+        .batch_execute(&format!(
+            "SET ROLE {reader}; SELECT pod_labels->>'app' FROM logs WHERE pod_labels @> '{{\"app\":\"web\"}}'; RESET ROLE"
+        ))
+        .await;
+    client
+        .batch_execute(&format!("RESET ROLE; DROP OWNED BY {reader}; DROP ROLE {reader}"))
+        .await
+        .expect("drop the reader");
+    read_by_reader.expect("a role that read the view reads its new columns");
+}

@@ -108,6 +108,9 @@ where `.Values.sluice` is this chart's values block (its `sidecar`, `image`, `ka
     - name: sluice-config
       mountPath: /etc/sluice
       readOnly: true
+    - name: sluice-podinfo
+      mountPath: /etc/podinfo
+      readOnly: true
     {{- if eq $sidecar.buffer "disk" }}
     - name: sluice-spool
       mountPath: /var/lib/sluice
@@ -140,7 +143,7 @@ where `.Values.sluice` is this chart's values block (its `sidecar`, `image`, `ka
   mountPath: /run/sluice
 {{- end -}}
 
-{{/* Volumes: the shared socket directory, the agent's config, the spool (size-limited). */}}
+{{/* Volumes: the shared socket directory, the agent's config, the pod's labels and annotations (agent.pod_info), the spool (size-limited). */}}
 {{- define "sluice.sidecar.volumes" -}}
 {{- $sidecar := .Values.sidecar -}}
 - name: sluice-socket
@@ -150,6 +153,15 @@ where `.Values.sluice` is this chart's values block (its `sidecar`, `image`, `ka
 - name: sluice-config
   configMap:
     name: {{ include "sluice.sidecar.configMapName" . }}
+- name: sluice-podinfo
+  downwardAPI:
+    items:
+      - path: labels
+        fieldRef:
+          fieldPath: metadata.labels
+      - path: annotations
+        fieldRef:
+          fieldPath: metadata.annotations
 {{- if eq $sidecar.buffer "disk" }}
 - name: sluice-spool
   emptyDir:

@@ -301,7 +301,13 @@ fn the_window_refuses_rows_older_than_retention_and_further_ahead_than_the_skew(
 /// The same record written by an agent in each encoding.
 fn written(kind: crate::envelope::EnvelopeKind, line: &str) -> Vec<u8> {
     use crate::envelope::{EnvelopeWriter, Peer, PeerFragment, PodMetadata};
-    let pod = PodMetadata { name: Some("web".into()), namespace: Some("shop".into()), container: None, node: None };
+    let pod = PodMetadata {
+        name: Some("web".into()),
+        namespace: Some("shop".into()),
+        container: None,
+        node: None,
+        info: Default::default(),
+    };
     let instance = uuid::Uuid::parse_str("0197a5c0f0e07d3a8f1e2b3c4d5e6f70").expect("a uuid");
     let writer = EnvelopeWriter::with_instance(&pod, instance, kind);
     let peer = PeerFragment::new(Some(Peer { pid: Some(9), uid: 1000, gid: 1001 }));
