@@ -32,7 +32,7 @@ pub use self::agent::{AgentConfig, PodInfoConfig};
 pub use self::buffer::{BufferConfig, BufferKind, Fsync, MIN_BUFFER_BYTES, MIN_DISK_BYTES, WhenFull};
 pub use self::ingest::{
     AckPoint, IngestConfig, ListenerConfig, MultilineConfig, MultilinePreset, Protocol, RateLimitAction,
-    RateLimitConfig, RateLimitKey, Transport,
+    RateLimitConfig, RateLimitKey, RedactConfig, RedactPreset, RedactRule, Transport,
 };
 pub use self::kafka::{KafkaConfig, valid_topic};
 pub use self::log::{LogConfig, LogFormat};

@@ -40,6 +40,7 @@ pub mod multiline;
 pub mod otlp;
 pub mod paced;
 pub mod record;
+pub mod redact;
 mod replies;
 pub mod session;
 pub mod sink;
@@ -98,6 +99,14 @@ pub enum IngestError {
         listener: String,
         /// The pod's (and node's) IP.
         ip: String,
+    },
+    /// A `redact` rule does not compile.
+    #[error("listener {listener}: a redact rule does not compile: {error}")]
+    Redact {
+        /// The listener.
+        listener: String,
+        /// Why.
+        error: String,
     },
     /// `socket_group` names no group.
     #[error("listener {listener}: no group named {group}")]
@@ -338,12 +347,23 @@ pub struct ListenerContext {
     pub limits: Option<limit::Limits>,
     /// Its multiline rule, compiled.
     pub multiline: Option<Arc<multiline::Rule>>,
+    /// Masking (`redact`: the listener's, or `ingest.redact`), if any.
+    pub redact: Option<redact::Redactor>,
 }
 
 impl ListenerContext {
-    fn new(name: &str, config: &ListenerConfig) -> Self {
+    fn new(name: &str, config: &ListenerConfig) -> Result<Self, IngestError> {
         let metrics = ListenerMetrics::new(name, config.protocol);
-        Self {
+        // Validated at load; a rule that does not compile here stops the agent: records are
+        // never shipped unmasked.
+        let redact = match config.redact.as_ref().filter(|redact| !redact.rules.is_empty()) {
+            Some(redact) => Some(
+                redact::Redactor::new(redact, name)
+                    .map_err(|error| IngestError::Redact { listener: name.to_string(), error: error.to_string() })?,
+            ),
+            None => None,
+        };
+        Ok(Self {
             name: name.to_string(),
             protocol: config.protocol,
             config: config.clone(),
@@ -358,8 +378,9 @@ impl ListenerContext {
                     }
                 }
             }),
+            redact,
             metrics,
-        }
+        })
     }
 
     /// A connection's read buffer changed by `delta` bytes. The gauge is moved by the delta, not
@@ -480,7 +501,16 @@ pub fn peer_of(stream: &tokio::net::UnixStream) -> Peer {
 
 /// Binds every configured listener (all or none: a conflict fails start-up).
 pub fn bind_all(config: &IngestConfig) -> Result<Vec<Listener>, IngestError> {
-    config.listeners.iter().map(|(name, listener)| Listener::bind(name, listener)).collect()
+    config
+        .listeners
+        .iter()
+        .map(|(name, listener)| {
+            // A listener's own masking, or the section's.
+            let mut listener = listener.clone();
+            listener.redact = listener.redact.or_else(|| config.redact.clone());
+            Listener::bind(name, &listener)
+        })
+        .collect()
 }
 
 impl Listener {
@@ -524,7 +554,7 @@ impl Listener {
             mode = %config.socket_mode,
             "listening"
         );
-        Ok(Self { socket, path, context: Arc::new(ListenerContext::new(name, config)) })
+        Ok(Self { socket, path, context: Arc::new(ListenerContext::new(name, config)?) })
     }
 
     /// The socket path.

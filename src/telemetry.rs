@@ -44,6 +44,9 @@ pub const INGEST_READ_BUFFER_BYTES: &str = "sluice_ingest_read_buffer_bytes";
 pub const INGEST_TOPIC_DEFAULTS: &str = "sluice_ingest_topic_defaults_total";
 /// Distinct topics the `kafka.topic` template routes to (at most `kafka.max_topics`).
 pub const INGEST_TOPICS: &str = "sluice_ingest_topics";
+/// Values and matches masked before records left the pod, by `listener` and `rule` (the name of
+/// a `redact` rule).
+pub const INGEST_REDACTIONS: &str = "sluice_ingest_redactions_total";
 /// Pod labels and annotations kept, by `kind` (`labels`, `annotations`).
 pub const POD_INFO_ENTRIES: &str = "sluice_pod_info_entries";
 /// Pod labels and annotations not kept at the last read, by `kind` and `reason` (`not_allowed`,
@@ -291,6 +294,7 @@ fn describe_all() {
     describe_gauge!(INGEST_READ_BUFFER_BYTES, Unit::Bytes, "Bytes read from connections, not yet records.");
     describe_counter!(INGEST_TOPIC_DEFAULTS, "Records sent to kafka.default_topic, by reason.");
     describe_gauge!(INGEST_TOPICS, "Distinct topics the kafka.topic template routes to.");
+    describe_counter!(INGEST_REDACTIONS, "Values and matches masked, by listener and rule.");
     describe_gauge!(POD_INFO_ENTRIES, "Pod labels and annotations records carry, by kind.");
     describe_gauge!(POD_INFO_SKIPPED, "Pod labels and annotations not kept at the last read, by kind and reason.");
     describe_counter!(INGEST_LINES_JOINED, "Lines joined to the record before them (multiline).");

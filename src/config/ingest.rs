@@ -29,6 +29,109 @@ pub struct IngestConfig {
     /// Deepest nesting accepted in a JSON record (objects and arrays); deeper ones are refused
     /// with `reason="too_deep"`. Default `64`.
     pub max_json_depth: u32,
+    /// Masking for every listener without its own `redact`. Unset: none.
+    pub redact: Option<RedactConfig>,
+}
+
+/// `[ingest.redact]` or `[ingest.listeners.NAME.redact]`: what is masked before a record leaves
+/// the pod (docs/PROTOCOL.md, "Masking").
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedactConfig {
+    /// What replaces a masked value or match: printable, no `"` or `\`, at most 64 bytes.
+    /// Default `"[REDACTED]"`.
+    pub mask: String,
+    /// The rules, applied in order (at most 64).
+    pub rules: Vec<RedactRule>,
+}
+
+impl Default for RedactConfig {
+    fn default() -> Self {
+        Self { mask: "[REDACTED]".into(), rules: Vec::new() }
+    }
+}
+
+/// One masking rule: exactly one of `field`, `preset` and `regex`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedactRule {
+    /// The rule's name: the `rule` label of `sluice_ingest_redactions_total`
+    /// (`[a-z0-9_]`, 1-64 characters).
+    pub name: String,
+    /// A JSON record's field, at any depth (its key as written, ASCII case-insensitive): its
+    /// whole value becomes the mask, as a string.
+    pub field: Option<String>,
+    /// A pattern masked inside string values and text records: `"email"`, `"credit_card"`
+    /// (13-19 digits passing the Luhn check), `"bearer_token"`, `"jwt"`.
+    pub preset: Option<RedactPreset>,
+    /// A regular expression (the `regex` crate's: linear time) masked like a preset.
+    pub regex: Option<String>,
+}
+
+/// `redact.rules[].preset`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RedactPreset {
+    /// E-mail addresses.
+    Email,
+    /// Payment card numbers (Luhn-checked).
+    CreditCard,
+    /// `Bearer <token>`, as an `Authorization` header writes it.
+    BearerToken,
+    /// JSON Web Tokens (`eyJ….….…`).
+    Jwt,
+}
+
+impl RedactConfig {
+    pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
+        if self.mask.is_empty()
+            || self.mask.len() > 64
+            || self.mask.chars().any(|c| c == '"' || c == '\\' || c.is_control())
+        {
+            return Err(at.invalid("mask", "1-64 printable bytes without `\"` or `\\`"));
+        }
+        if self.rules.len() > 64 {
+            return Err(at.invalid("rules", "at most 64 rules"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let key = |name: &str| format!("rules[{i}].{name}");
+            if rule.name.is_empty()
+                || rule.name.len() > 64
+                || !rule.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(at.invalid(&key("name"), "[a-z0-9_], 1-64 characters (a metric label)"));
+            }
+            if !names.insert(&rule.name) {
+                return Err(at.invalid(&key("name"), format!("`{}` names two rules", rule.name)));
+            }
+            let set = [rule.field.is_some(), rule.preset.is_some(), rule.regex.is_some()];
+            if set.iter().filter(|set| **set).count() != 1 {
+                return Err(at.invalid(&key("field"), "set exactly one of field, preset and regex"));
+            }
+            if rule.field.as_deref().is_some_and(|field| field.is_empty() || field.contains(['"', '\\'])) {
+                return Err(at.invalid(&key("field"), "a key's name, without `\"` or `\\`"));
+            }
+            if let Some(pattern) = &rule.regex {
+                match crate::ingest::redact::compile(pattern) {
+                    Err(error) => {
+                        return Err(at.invalid(
+                            &key("regex"),
+                            format!("not a regular expression the regex crate takes: {error}"),
+                        ));
+                    }
+                    Ok(regex) if regex.is_match("") => {
+                        return Err(at.invalid(
+                            &key("regex"),
+                            "matches the empty string: it would mask between every character",
+                        ));
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for IngestConfig {
@@ -37,6 +140,7 @@ impl Default for IngestConfig {
             listeners: BTreeMap::from([("default".to_string(), ListenerConfig::default())]),
             ack_point: None,
             max_json_depth: 64,
+            redact: None,
         }
     }
 }
@@ -181,6 +285,8 @@ pub struct ListenerConfig {
     /// `lines` only: join continuation lines into one record (stack traces). Unset: one record
     /// per line.
     pub multiline: Option<MultilineConfig>,
+    /// This listener's masking, in place of `ingest.redact`. Unset: `ingest.redact`.
+    pub redact: Option<RedactConfig>,
 }
 
 /// `[ingest.listeners.NAME.multiline]`: which lines continue the record before them. Exactly
@@ -265,6 +371,7 @@ impl Default for ListenerConfig {
             max_message_size: ByteSize::b(OTLP_DEFAULT_MESSAGE_SIZE),
             export_timeout: OTLP_DEFAULT_EXPORT_TIMEOUT,
             multiline: None,
+            redact: None,
         }
     }
 }
@@ -474,6 +581,9 @@ impl IngestConfig {
         if self.max_json_depth == 0 {
             return Err(at.invalid("max_json_depth", "must be at least 1"));
         }
+        if let Some(redact) = &self.redact {
+            redact.validate(&at.within("redact"))?;
+        }
         Ok(())
     }
 }
@@ -530,6 +640,9 @@ impl ListenerConfig {
                 return Err(at.invalid("multiline", "applies to protocol = \"lines\" only"));
             }
             multiline.validate(&at.within("multiline"), self.max_record_size)?;
+        }
+        if let Some(redact) = &self.redact {
+            redact.validate(&at.within("redact"))?;
         }
         if self.read_interval > MAX_READ_INTERVAL {
             return Err(at.invalid(

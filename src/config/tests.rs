@@ -237,6 +237,29 @@ fn a_templated_topic_needs_a_default_topic_and_names_kafka_can_take() {
     assert_eq!(Config::default().subscriptions(), vec!["sluice-logs".to_string()]);
 }
 
+#[test]
+fn redact_rules_are_checked_naming_the_rule() {
+    let rule = |body: &str| format!("[[ingest.redact.rules]]\n{body}\n");
+    assert_eq!(invalid_key(&rule("name = \"a\"\nfield = \"x\"\nregex = \"y\"")), "ingest.redact.rules[0].field");
+    assert_eq!(invalid_key(&rule("name = \"a\"")), "ingest.redact.rules[0].field");
+    assert_eq!(invalid_key(&rule("name = \"Bad Name\"\nfield = \"x\"")), "ingest.redact.rules[0].name");
+    assert_eq!(invalid_key(&rule("name = \"a\"\nregex = \"(\"")), "ingest.redact.rules[0].regex");
+    assert_eq!(invalid_key(&rule("name = \"a\"\nregex = \"x*\"")), "ingest.redact.rules[0].regex");
+    let unknown = Config::from_toml(&rule("name = \"a\"\npreset = \"ssn\"")).expect_err("no such preset");
+    assert!(unknown.to_string().contains("preset") && unknown.to_string().contains("credit_card"), "{unknown}");
+    assert_eq!(
+        invalid_key(&format!("{}{}", rule("name = \"a\"\nfield = \"x\""), rule("name = \"a\"\nfield = \"y\""))),
+        "ingest.redact.rules[1].name"
+    );
+    assert_eq!(invalid_key("[ingest.redact]\nmask = \"<\\\"\\\">\"\n"), "ingest.redact.mask");
+    assert_eq!(
+        invalid_key("[ingest.listeners.default.redact]\nrules = [{ name = \"a\" }]\n"),
+        "ingest.listeners.default.redact.rules[0].field"
+    );
+    let config = Config::from_toml(&rule("name = \"email\"\npreset = \"email\"")).expect("valid");
+    assert_eq!(config.ingest.redact.expect("set").rules[0].preset, Some(crate::config::RedactPreset::Email));
+}
+
 /// Cold review (issue 15): librdkafka refuses `message.timeout.ms` ≤ `linger.ms`; the config
 /// took such a pair, so the agent failed to start (exit 1, no key named) or, on a reload, kept
 /// failing to replace its producer.

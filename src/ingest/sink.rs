@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use tracing::trace;
 
 use super::limit::LimitKey;
-use super::{IngestContext, KeyRule, ListenerContext, record, syslog};
+use super::{IngestContext, KeyRule, ListenerContext, record, redact, syslog};
 use crate::buffer::ack::Ack;
 use crate::buffer::{Admission, Record};
 use crate::config::{Protocol, RateLimitAction};
@@ -99,6 +99,8 @@ pub struct RecordSink<'a> {
     topic_text: String,
     /// A transformed record (syslog, Forward).
     transformed: Vec<u8>,
+    /// A masked record (`redact`), kept between records.
+    masked: String,
     /// Records of the batch being offered ([`RecordSink::offer_many`]) that already hold their
     /// room, waiting to enter the buffer together. Empty whenever the sink waits for anything.
     pending: Vec<Record>,
@@ -148,6 +150,7 @@ impl<'a> RecordSink<'a> {
                 .as_ref()
                 .map(|rule| super::multiline::Joiner::new(rule.clone(), ingest.multiline_pool.clone())),
             transformed: Vec::new(),
+            masked: String::new(),
             records: 0,
             joined: 0,
             bytes: 0,
@@ -281,8 +284,23 @@ impl<'a> RecordSink<'a> {
         }
     }
 
-    /// Rate limit, envelope, key, buffer.
+    /// Masking (`redact`), then [`RecordSink::admit`]: nothing after this sees the original.
     async fn submit(&mut self, text: &str, raw_len: usize, ack: Option<Ack>) {
+        let Some(redact) = &self.listener.redact else {
+            return self.admit(text, raw_len, ack).await;
+        };
+        let mut masked = std::mem::take(&mut self.masked);
+        // A masked record may grow (a short value, a long mask): within what its message may be.
+        match redact.apply(text, &mut masked, self.ingest.max_message / 2) {
+            Ok(true) => self.admit(&masked, raw_len, ack).await,
+            Ok(false) => self.admit(text, raw_len, ack).await,
+            Err(redact::TooLarge) => self.reject(Rejected::TooLarge, ack),
+        }
+        self.masked = masked;
+    }
+
+    /// Rate limit, envelope, key, buffer.
+    async fn admit(&mut self, text: &str, raw_len: usize, ack: Option<Ack>) {
         if let Some(limits) = &self.listener.limits {
             let allowed = match limits.action {
                 RateLimitAction::Drop => Tokens::Taken.then(limits.check(&self.limit_key, raw_len).is_ok()),

@@ -41,6 +41,10 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "persister.keda.enabled=true",
             "persister.config.persist.topics[0]=^logs\\..*",
             "sidecar.config.agent.pod_info.annotations[0]=sluice.dev/*",
+            "sidecar.config.ingest.redact.rules[0].name=email",
+            "sidecar.config.ingest.redact.rules[0].preset=email",
+            "sidecar.config.ingest.redact.rules[1].name=password",
+            "sidecar.config.ingest.redact.rules[1].field=password",
         ],
     ),
     (

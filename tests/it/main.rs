@@ -16,6 +16,7 @@ mod otlp;
 mod persist;
 mod pipeline;
 mod protocols;
+mod redact;
 mod reload;
 mod routing;
 mod schema;

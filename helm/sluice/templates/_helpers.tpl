@@ -52,6 +52,7 @@ TOML from a values map: the chart's config values mirror sluice's TOML keys one 
 {{- else if or (kindIs "float64" .) (kindIs "float32" .) -}}
 {{- if eq (float64 .) (float64 (int64 .)) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
 {{- else if kindIs "slice" . -}}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "sluice.toml.value" $v }}{{ end }}]
+{{- else if kindIs "map" . -}}{ {{- range $i, $k := keys . | sortAlpha }}{{ if $i }}, {{ end }}{{ include "sluice.toml.key" $k }} = {{ include "sluice.toml.value" (get $ $k) }}{{ end -}} }
 {{- else -}}{{ . }}
 {{- end -}}
 {{- end -}}
