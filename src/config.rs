@@ -36,7 +36,7 @@ pub use self::ingest::{
 };
 pub use self::kafka::{KafkaConfig, valid_topic};
 pub use self::log::{LogConfig, LogFormat};
-pub use self::persist::PersistConfig;
+pub use self::persist::{BASE_COLUMNS, ColumnConfig, ColumnType, PersistConfig};
 pub use self::postgres::{PostgresConfig, valid_identifier};
 pub use self::ship::{DEFAULT_LINGER, EnvelopeKind, KeySource, ShipConfig};
 

@@ -49,6 +49,7 @@ use crate::config::reload::{self, Reloading};
 use crate::lifecycle::Tasks;
 use crate::telemetry;
 
+pub mod columns;
 mod consumer;
 mod lanes;
 pub mod row;

@@ -47,6 +47,9 @@ pub const INGEST_TOPICS: &str = "sluice_ingest_topics";
 /// Values and matches masked before records left the pod, by `listener` and `rule` (the name of
 /// a `redact` rule).
 pub const INGEST_REDACTIONS: &str = "sluice_ingest_redactions_total";
+/// Typed column values stored as NULL because they did not convert to the column's type, by
+/// `column` (`[persist.columns]`).
+pub const PERSIST_UNCONVERTIBLE: &str = "sluice_persist_unconvertible_values_total";
 /// Pod labels and annotations kept, by `kind` (`labels`, `annotations`).
 pub const POD_INFO_ENTRIES: &str = "sluice_pod_info_entries";
 /// Pod labels and annotations not kept at the last read, by `kind` and `reason` (`not_allowed`,
@@ -295,6 +298,7 @@ fn describe_all() {
     describe_counter!(INGEST_TOPIC_DEFAULTS, "Records sent to kafka.default_topic, by reason.");
     describe_gauge!(INGEST_TOPICS, "Distinct topics the kafka.topic template routes to.");
     describe_counter!(INGEST_REDACTIONS, "Values and matches masked, by listener and rule.");
+    describe_counter!(PERSIST_UNCONVERTIBLE, "Typed column values stored as NULL: they did not convert, by column.");
     describe_gauge!(POD_INFO_ENTRIES, "Pod labels and annotations records carry, by kind.");
     describe_gauge!(POD_INFO_SKIPPED, "Pod labels and annotations not kept at the last read, by kind and reason.");
     describe_counter!(INGEST_LINES_JOINED, "Lines joined to the record before them (multiline).");

@@ -62,7 +62,88 @@ pub struct PersistConfig {
     pub max_clock_skew: Duration,
     /// librdkafka properties for the consumer only, applied after `kafka.properties`.
     pub properties: BTreeMap<String, String>,
+    /// Typed columns beside `record`, by column name (`[persist.columns.user_id]`): each filled
+    /// from a JSON pointer into the record, added to `log_rows` (and the view `logs`) at start if
+    /// missing. A value that does not convert is stored as NULL, counted. At most 32.
+    pub columns: BTreeMap<String, ColumnConfig>,
 }
+
+/// `[persist.columns.NAME]`: one typed column.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnConfig {
+    /// Where the value is in a JSON record: a JSON pointer (RFC 6901), `"/user/id"`.
+    pub pointer: String,
+    /// `"text"`, `"bigint"`, `"double precision"`, `"boolean"`, `"timestamptz"` or `"jsonb"`.
+    #[serde(rename = "type")]
+    pub kind: ColumnType,
+    /// Index the column (a b-tree on `log_rows`, built on every partition at start: it holds
+    /// writes to the table while it builds). Default `false`.
+    #[serde(default)]
+    pub index: bool,
+}
+
+/// `persist.columns.NAME.type`: a PostgreSQL type.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ColumnType {
+    /// A string's content; another value's JSON text.
+    #[serde(rename = "text")]
+    Text,
+    /// An integer (or a string holding one) within 64 bits.
+    #[serde(rename = "bigint")]
+    Bigint,
+    /// A number (or a string holding one), finite.
+    #[serde(rename = "double precision")]
+    DoublePrecision,
+    /// `true`/`false` (or those strings).
+    #[serde(rename = "boolean")]
+    Boolean,
+    /// An RFC 3339 string, or a number of seconds, milliseconds, microseconds or nanoseconds
+    /// since the epoch (read as `event_time` is).
+    #[serde(rename = "timestamptz")]
+    Timestamptz,
+    /// Any value, as JSON.
+    #[serde(rename = "jsonb")]
+    Jsonb,
+}
+
+impl ColumnType {
+    /// The type's name in SQL, as `format_type` writes it.
+    pub fn sql(self) -> &'static str {
+        match self {
+            ColumnType::Text => "text",
+            ColumnType::Bigint => "bigint",
+            ColumnType::DoublePrecision => "double precision",
+            ColumnType::Boolean => "boolean",
+            ColumnType::Timestamptz => "timestamp with time zone",
+            ColumnType::Jsonb => "jsonb",
+        }
+    }
+}
+
+/// The columns every row has (`log_rows` and the view `logs`): a typed column may not take one's name.
+pub const BASE_COLUMNS: &[&str] = &[
+    "agent",
+    "seq",
+    "ingest_time",
+    "event_time",
+    "level",
+    "message",
+    "format",
+    "pod_name",
+    "pod_namespace",
+    "container_name",
+    "node_name",
+    "peer_pid",
+    "peer_uid",
+    "peer_gid",
+    "record",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+    "pod_labels",
+    "pod_annotations",
+];
 
 impl Default for PersistConfig {
     fn default() -> Self {
@@ -81,6 +162,7 @@ impl Default for PersistConfig {
             partitions_ahead_days: 3,
             max_clock_skew: Duration::from_secs(24 * 3600),
             properties: BTreeMap::new(),
+            columns: BTreeMap::new(),
         }
     }
 }
@@ -123,6 +205,27 @@ impl PersistConfig {
         }
         if self.max_clock_skew < Duration::from_secs(60) || self.max_clock_skew > Duration::from_secs(366 * 86400) {
             return Err(at.invalid("max_clock_skew", "must be between 1m and 366d"));
+        }
+        if self.columns.len() > 32 {
+            return Err(at.invalid("columns", "at most 32 typed columns"));
+        }
+        for (name, column) in &self.columns {
+            let valid = !name.is_empty()
+                && name.len() <= 63
+                && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !valid {
+                return Err(at.invalid(&format!("columns.{name}"), "a column name: [a-z_][a-z0-9_]*, at most 63 bytes"));
+            }
+            if BASE_COLUMNS.contains(&name.as_str()) {
+                return Err(at.invalid(&format!("columns.{name}"), "is a column every row has already"));
+            }
+            if !(column.pointer.is_empty() || column.pointer.starts_with('/')) {
+                return Err(at.invalid(
+                    &format!("columns.{name}.pointer"),
+                    format!("`{}` is not a JSON pointer (\"/user/id\"; RFC 6901)", column.pointer),
+                ));
+            }
         }
         super::kafka::reject_managed(at, "properties", &self.properties, super::kafka::Clients::Consumer)?;
         super::kafka::reject_refused(at, "properties", &self.properties)

@@ -260,6 +260,19 @@ fn redact_rules_are_checked_naming_the_rule() {
     assert_eq!(config.ingest.redact.expect("set").rules[0].preset, Some(crate::config::RedactPreset::Email));
 }
 
+#[test]
+fn typed_columns_are_checked_naming_the_column() {
+    let column = |name: &str, body: &str| format!("[persist.columns.{name}]\n{body}\n");
+    assert_eq!(invalid_key(&column("record", "pointer = \"/a\"\ntype = \"text\"")), "persist.columns.record");
+    assert_eq!(invalid_key(&column("\"User\"", "pointer = \"/a\"\ntype = \"text\"")), "persist.columns.User");
+    assert_eq!(invalid_key(&column("a", "pointer = \"a\"\ntype = \"text\"")), "persist.columns.a.pointer");
+    let unknown = Config::from_toml(&column("a", "pointer = \"/a\"\ntype = \"int\"")).expect_err("no such type");
+    assert!(unknown.to_string().contains("double precision"), "{unknown}");
+    let config = Config::from_toml(&column("latency", "pointer = \"/ms\"\ntype = \"double precision\"\nindex = true"))
+        .expect("valid");
+    assert_eq!(config.persist.columns["latency"].kind, crate::config::ColumnType::DoublePrecision);
+}
+
 /// Cold review (issue 15): librdkafka refuses `message.timeout.ms` ≤ `linger.ms`; the config
 /// took such a pair, so the agent failed to start (exit 1, no key named) or, on a reload, kept
 /// failing to replace its producer.

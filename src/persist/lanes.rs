@@ -67,8 +67,10 @@ impl Database for Postgres<'_> {
         let mut client = writer::connect(&config.postgres).await?;
         // Cheap when there is nothing to do, and guarded by an advisory lock.
         schema::migrate(&mut client, &config.postgres.schema).await?;
+        let columns = super::columns::Columns::new(&config.persist.columns);
+        schema::ensure_columns(&client, &columns).await?;
         schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
-        Writer::new(client).await
+        Writer::new(client, &columns).await
     }
 }
 
@@ -293,6 +295,9 @@ pub(super) async fn read_batches<D, C: Source>(
 ) {
     let Run { consumer, running, .. } = *run;
     let consumed = metrics::counter!(telemetry::PERSIST_CONSUMED);
+    // Restart-only: read once.
+    let columns =
+        super::columns::Columns::new(&running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).persist.columns);
     let mut batches: Vec<Batch> = lanes.iter().map(|_| Batch::default()).collect();
     // Closed batches whose hand-over shutdown interrupted: handed over first below.
     let mut unsent: Vec<(usize, Batch)> = Vec::new();
@@ -320,7 +325,12 @@ pub(super) async fn read_batches<D, C: Source>(
                 };
                 let lane = lane_of(origin.partition, lanes.len());
                 let bytes = message.payload().map_or(0, <[u8]>::len);
-                let parsed = row::parse(message.payload(), origin.clone());
+                let mut parsed = row::parse(message.payload(), origin.clone());
+                if let row::Parsed::Row(row) = &mut parsed
+                    && !columns.is_empty()
+                {
+                    row.typed = columns.values(row.record.as_ref().map(|record| record.0.as_str()));
+                }
                 add_closing(&mut batches[lane], parsed, &origin, bytes, limits)
                     .into_iter()
                     .map(|batch| (lane, batch))

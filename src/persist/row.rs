@@ -56,6 +56,8 @@ pub struct Row {
     /// A JSON record's text, as the app wrote it; `None` for a text record (its line is
     /// `message`).
     pub record: Option<JsonText>,
+    /// The typed columns' values (`[persist.columns]`, in their order; empty without any).
+    pub typed: Vec<Option<super::columns::Typed>>,
     pub origin: Origin,
 }
 
@@ -416,6 +418,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         peer_uid: peer.uid.map(i64::from),
         peer_gid: peer.gid.map(i64::from),
         record,
+        typed: Vec::new(),
         origin,
     }))
 }

@@ -54,6 +54,84 @@ pub async fn migrate_to(client: &mut Client, schema: &str, version: Option<i32>)
     result
 }
 
+/// Adds the typed columns (`[persist.columns]`) `log_rows` lacks, their indexes, and every column
+/// `log_rows` has beyond the base ones to the view `logs` (at its end: `CREATE OR REPLACE VIEW`
+/// can only add). Under the DDL lock, like the migrations. A column that exists with another type
+/// is an error naming the key (`PersistError::Migration`: the persister stops, it would fail
+/// every batch); a column no longer configured stays (nothing is dropped).
+pub async fn ensure_columns(client: &Client, columns: &super::columns::Columns) -> Result<(), PersistError> {
+    if columns.is_empty() {
+        return Ok(());
+    }
+    client.execute("SELECT pg_advisory_lock($1)", &[&DDL_LOCK]).await.map_err(PersistError::Postgres)?;
+    let result = async {
+        let existing = table_columns(client).await?;
+        let mut added = false;
+        for column in &columns.0 {
+            let quoted = quote_identifier(&column.name);
+            match existing.iter().find(|(name, _)| *name == column.name) {
+                Some((_, kind)) if kind != column.config.kind.sql() => {
+                    return Err(PersistError::Migration(format!(
+                        "persist.columns.{}: {TABLE}.{} is {kind}, configured {}; rename the column in the config, or change it in the database",
+                        column.name,
+                        column.name,
+                        column.config.kind.sql()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    ddl(client, &format!("ALTER TABLE {TABLE} ADD COLUMN {quoted} {}", column.config.kind.sql())).await?;
+                    info!(column = column.name, kind = column.config.kind.sql(), "typed column added");
+                    added = true;
+                }
+            }
+            if column.config.index {
+                let index = quote_identifier(&format!("{TABLE}_{}_idx", column.name));
+                ddl(client, &format!("CREATE INDEX IF NOT EXISTS {index} ON {TABLE} ({quoted})")).await?;
+            }
+        }
+        if added {
+            let extra: Vec<String> = table_columns(client)
+                .await?
+                .into_iter()
+                .filter(|(name, _)| !crate::config::BASE_COLUMNS.contains(&name.as_str()))
+                .map(|(name, _)| quote_identifier(&name))
+                .collect();
+            ddl(
+                client,
+                &format!(
+                    "CREATE OR REPLACE VIEW logs AS SELECT agent, seq, ingest_time, event_time, level, \
+                     coalesce(message, log_message(record)) AS message, format, pod_name, pod_namespace, \
+                     container_name, node_name, peer_pid, peer_uid, peer_gid, record, kafka_topic, \
+                     kafka_partition, kafka_offset, pod_labels, pod_annotations, {} FROM {TABLE}",
+                    extra.join(", ")
+                ),
+            )
+            .await?;
+            if client.query_one("SHOW server_version_num", &[]).await.map_err(PersistError::Postgres)?.get::<_, String>(0).parse::<i32>().unwrap_or(0) >= 150000 {
+                ddl(client, "ALTER VIEW logs SET (security_invoker = true)").await?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    client.execute("SELECT pg_advisory_unlock($1)", &[&DDL_LOCK]).await.map_err(PersistError::Postgres)?;
+    result
+}
+
+/// `log_rows`'s columns in order, each with its type as `format_type` writes it.
+async fn table_columns(client: &Client) -> Result<Vec<(String, String)>, PersistError> {
+    let rows = client
+        .query(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&TABLE],
+        )
+        .await
+        .map_err(PersistError::Postgres)?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
 /// The partition of [`TABLE`] holding `day` (named for the view, as before migration V3).
 pub fn partition_name(day: NaiveDate) -> String {
     format!("logs_{}", day.format("%Y%m%d"))

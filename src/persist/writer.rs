@@ -99,9 +99,14 @@ const COPY_CHUNK: usize = 1024 * 1024;
 
 /// Appends one row in COPY's binary format: the field count, then each field's length (-1 for
 /// NULL) and bytes, as `ToSql` encodes them.
-fn encode_row(copy: &mut BytesMut, values: &[&(dyn ToSql + Sync)], types: &[Type]) -> Result<(), PersistError> {
-    copy.put_i16(values.len() as i16);
-    for (value, ty) in values.iter().zip(types) {
+fn encode_row(
+    copy: &mut BytesMut,
+    values: &[&(dyn ToSql + Sync)],
+    typed: &[&(dyn ToSql + Sync)],
+    types: &[Type],
+) -> Result<(), PersistError> {
+    copy.put_i16((values.len() + typed.len()) as i16);
+    for (value, ty) in values.iter().chain(typed).zip(types) {
         let at = copy.len();
         copy.put_i32(0);
         let length = match value.to_sql_checked(ty, copy).map_err(|error| PersistError::Encode(error.to_string()))? {
@@ -170,7 +175,7 @@ fn tls(config: &PostgresConfig) -> Result<postgres_openssl::MakeTlsConnector, Pe
 
 impl Writer {
     /// Prepares a connection for writing: creates the session's staging table.
-    pub async fn new(client: Client) -> Result<Self, PersistError> {
+    pub async fn new(client: Client, columns: &super::columns::Columns) -> Result<Self, PersistError> {
         client
             .batch_execute(&format!(
                 "CREATE TEMP TABLE IF NOT EXISTS staging (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS",
@@ -181,8 +186,17 @@ impl Writer {
         Ok(Self {
             client,
             partitions: BTreeSet::new(),
-            column_list: COLUMNS.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", "),
-            types: COLUMNS.iter().map(|(_, ty)| ty.clone()).collect(),
+            column_list: COLUMNS
+                .iter()
+                .map(|(name, _)| (*name).to_string())
+                .chain(columns.0.iter().map(|column| schema::quote_identifier(&column.name)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            types: COLUMNS
+                .iter()
+                .map(|(_, ty)| ty.clone())
+                .chain(columns.0.iter().map(|column| super::columns::copy_type(column.config.kind)))
+                .collect(),
         })
     }
 
@@ -269,7 +283,9 @@ impl Writer {
                     &row.origin.partition,
                     &row.origin.offset,
                 ];
-                encode_row(&mut copy, &values, &self.types)?;
+                let typed: Vec<&(dyn ToSql + Sync)> =
+                    row.typed.iter().map(|value| value as &(dyn ToSql + Sync)).collect();
+                encode_row(&mut copy, &values, &typed, &self.types)?;
                 if copy.len() >= COPY_CHUNK {
                     sink.send(copy.split().freeze()).await.map_err(PersistError::Postgres)?;
                 }
@@ -352,7 +368,7 @@ mod tests {
         let text = String::from("ab");
         let none: Option<String> = None;
         let number = 7i32;
-        encode_row(&mut copy, &[&text, &none, &number], &[Type::TEXT, Type::TEXT, Type::INT4]).expect("encoded");
+        encode_row(&mut copy, &[&text, &none, &number], &[], &[Type::TEXT, Type::TEXT, Type::INT4]).expect("encoded");
         let expected: &[u8] = &[0, 3, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 4, 0, 0, 0, 7];
         assert_eq!(&copy[..], expected);
         assert_eq!(COPY_HEADER.len(), 19, "signature (11 bytes), flags, header extension length");
@@ -362,6 +378,6 @@ mod tests {
     fn a_value_of_the_wrong_type_is_an_encoding_error_not_a_panic() {
         let mut copy = BytesMut::new();
         let text = String::from("ab");
-        assert!(matches!(encode_row(&mut copy, &[&text], &[Type::INT4]), Err(PersistError::Encode(_))));
+        assert!(matches!(encode_row(&mut copy, &[&text], &[], &[Type::INT4]), Err(PersistError::Encode(_))));
     }
 }

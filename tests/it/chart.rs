@@ -45,6 +45,9 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "sidecar.config.ingest.redact.rules[0].preset=email",
             "sidecar.config.ingest.redact.rules[1].name=password",
             "sidecar.config.ingest.redact.rules[1].field=password",
+            "persister.config.persist.columns.user_id.pointer=/user/id",
+            "persister.config.persist.columns.user_id.type=bigint",
+            "persister.config.persist.columns.user_id.index=true",
         ],
     ),
     (

@@ -511,3 +511,107 @@ async fn a_spare_persister_with_no_partitions_is_ready_and_says_it_holds_none() 
     assert_eq!(metrics.count(telemetry::PERSIST_ASSIGNED_PARTITIONS, &[]), 0.0);
     assert_eq!(http_get(spare, "/healthz/postgres").await.expect("healthz/postgres").0, 200);
 }
+
+/// Typed columns on a database that already holds rows: added at start (to the table and the
+/// view), filled from each JSON record by pointer, NULL and counted where a value does not
+/// convert (never a dead letter); rows stored before keep NULL. A column that exists with another
+/// type stops the persister, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_columns_are_added_beside_stored_rows_and_filled_or_left_null_and_counted() {
+    let (mut setup, mut first, db) = persister(topic()).await;
+    let now = now_rfc3339();
+    produce_to(&setup, &[envelope("00000000000000000000000000000001-1", &now, r#"{"user":{"id":1}}"#)]).await;
+    until_rows(&db, 1).await;
+    first.stop(Duration::from_secs(20)).await;
+
+    let columns: toml::Value = toml::from_str::<toml::Table>(
+        r#"
+        user_id = { pointer = "/user/id", type = "bigint", index = true }
+        latency = { pointer = "/latency_ms", type = "double precision" }
+        ok = { pointer = "/ok", type = "boolean" }
+        at = { pointer = "/at", type = "timestamptz" }
+        tags = { pointer = "/tags", type = "jsonb" }
+        route = { pointer = "/http/route", type = "text" }
+        "#,
+    )
+    .expect("columns")
+    .into();
+    setup.config.set("persist", "columns", columns.clone());
+    let second = setup.persister().await;
+    produce_to(
+        &setup,
+        &[
+            envelope(
+                "00000000000000000000000000000001-2",
+                &now,
+                r#"{"user":{"id":2},"latency_ms":"12.5","ok":true,"at":"2026-12-06T10:00:00Z","tags":["a",1],"http":{"route":"/cart"}}"#,
+            ),
+            envelope("00000000000000000000000000000001-3", &now, r#"{"user":{"id":"three"},"ok":"maybe","latency_ms":4}"#),
+            envelope("00000000000000000000000000000001-4", &now, r#"{"n":4}"#),
+        ],
+    )
+    .await;
+    until_rows(&db, 4).await;
+    let rows = db
+        .query("SELECT seq, user_id, latency, ok, at::text, tags::text, route FROM logs ORDER BY seq", &[])
+        .await
+        .expect("typed columns in the view");
+    let row = |i: usize| {
+        let r = &rows[i];
+        (
+            r.get::<_, i64>(0),
+            r.get::<_, Option<i64>>(1),
+            r.get::<_, Option<f64>>(2),
+            r.get::<_, Option<bool>>(3),
+            r.get::<_, Option<String>>(4),
+            r.get::<_, Option<String>>(5),
+            r.get::<_, Option<String>>(6),
+        )
+    };
+    assert_eq!(row(0), (1, None, None, None, None, None, None), "stored before: NULL");
+    assert_eq!(
+        row(1),
+        (
+            2,
+            Some(2),
+            Some(12.5),
+            Some(true),
+            Some("2026-12-06 10:00:00+00".into()),
+            Some(r#"["a", 1]"#.into()),
+            Some("/cart".into())
+        )
+    );
+    assert_eq!(row(2), (3, None, Some(4.0), None, None, None, None), "what does not convert is NULL");
+    assert_eq!(row(3), (4, None, None, None, None, None, None));
+    assert!(dead_letters(&db).await.is_empty(), "never a dead letter for a column");
+    let metrics = scrape(setup.config.persist_admin()).await;
+    assert_eq!(metrics.count(telemetry::PERSIST_UNCONVERTIBLE, &[("column", "user_id")]), 1.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_UNCONVERTIBLE, &[("column", "ok")]), 1.0);
+    assert_eq!(metrics.count(telemetry::PERSIST_UNCONVERTIBLE, &[("column", "latency")]), 0.0);
+    let indexed: i64 = db
+        .query_one("SELECT count(*) FROM pg_indexes WHERE indexname = 'log_rows_user_id_idx' AND schemaname = current_schema()", &[])
+        .await
+        .expect("index")
+        .get(0);
+    assert_eq!(indexed, 1);
+    drop(second);
+
+    // The same name with another type: the persister stops and says which key.
+    let mut columns = columns.as_table().expect("table").clone();
+    columns.insert(
+        "ok".into(),
+        toml::from_str::<toml::Table>(
+            r#"pointer = "/ok"
+type = "text""#,
+        )
+        .expect("column")
+        .into(),
+    );
+    setup.config.set("persist", "columns", toml::Value::Table(columns));
+    let path = setup.config.write();
+    let mut wrong =
+        Process::spawn("persist", &["persist", "--config", path.to_str().expect("path")], setup.config.dir.path());
+    let status = wrong.wait(Duration::from_secs(30)).await;
+    assert!(!status.success());
+    assert!(wrong.log_text().contains("persist.columns.ok"), "{}", wrong.log_text());
+}

@@ -386,7 +386,10 @@ impl Bench {
     }
 
     /// The benchmark's persister: `topic` into `schema` (also its group).
-    fn persister_config(&self, topic: &str, schema: &str) -> TestConfig {
+    /// The persister's config; with `columns`, five typed columns over the benchmark's records
+    /// (`level` text, `conn` and `n` bigint, `n` again as double precision, a `ts` timestamptz
+    /// that no record has: NULL).
+    fn persister_config(&self, topic: &str, schema: &str, columns: bool) -> TestConfig {
         let mut config = TestConfig::empty_in(self.work.path(), "persist.");
         config
             .set("log", "level", "warn")
@@ -398,6 +401,19 @@ impl Bench {
             .set("postgres", "url", self.services.pg.as_str())
             .set("postgres", "ca_file", std::env::var("SLUICE_TEST_PG_CA").unwrap_or_default())
             .set("postgres", "schema", schema);
+        if columns {
+            let typed: toml::Table = toml::from_str(
+                r#"
+                level = { pointer = "/level", type = "text" }
+                conn = { pointer = "/conn", type = "bigint" }
+                n = { pointer = "/n", type = "bigint" }
+                n_double = { pointer = "/n", type = "double precision" }
+                ts = { pointer = "/ts", type = "timestamptz" }
+                "#,
+            )
+            .expect("typed columns");
+            config.set("persist", "columns", toml::Value::Table(typed));
+        }
         config
     }
 
@@ -588,7 +604,8 @@ impl Bench {
         self.write_json("rsyslog.json", &rsyslog)?;
         let outage = self.outage(&padded).await?;
         self.write_json("outage.json", &outage)?;
-        let persist = self.persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0).await?;
+        let persist =
+            self.persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0, false).await?;
         self.write_json("persist.json", &persist)?;
         // A failed peer fails a smoke run (the harness must not rot) but not a full one, whose
         // other figures stand: its target then says why it has none.
@@ -601,7 +618,7 @@ impl Bench {
         };
         self.write_json("kafka_connect.json", &kafka_connect)?;
         let (sample_topic, sample_bytes) = sample_topic.ok_or_else(|| failed("the sample shape did not run"))?;
-        let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes).await?;
+        let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes, false).await?;
         self.write_json("persist_sample.json", &persist_sample)?;
         let pg_stall = self.pg_stall(&padded).await?;
         self.write_json("pg_stall.json", &pg_stall)?;

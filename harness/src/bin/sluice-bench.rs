@@ -73,6 +73,9 @@ enum Command {
         /// `SLUICE_KAFKA_CONNECT_LIB`, which `scripts/bench` fetches.
         #[arg(long)]
         kafka_connect: bool,
+        /// After each run, the same drain with five typed columns (`[persist.columns]`), beside.
+        #[arg(long)]
+        columns: bool,
     },
     /// Sluice at max rate, then rsyslog, REPEAT times: the delivered / rsyslog target alone, for
     /// a before/after of one change (run it once per binary, `SLUICE_BENCH_BINARY`, alternating).
@@ -123,8 +126,8 @@ async fn main() -> ExitCode {
         Command::Spool { records, outage, rate } => {
             spool::run(&spool::Settings { records, outage, rate }, &root, &services).await.map_err(anyhow::Error::from)
         }
-        Command::Persist { records, topic, sample, repeat, kafka_connect } => {
-            persist_alone(records, topic, (sample, kafka_connect), repeat, &root, services).await
+        Command::Persist { records, topic, sample, repeat, kafka_connect, columns } => {
+            persist_alone(records, topic, (sample, kafka_connect, columns), repeat, &root, services).await
         }
         Command::MaxRate { values, repeat } => max_rate(&values, repeat, &root, services).await,
         Command::Otlp { records, batch } => {
@@ -194,7 +197,7 @@ async fn max_rate(
 async fn persist_alone(
     records: u64,
     topic: Option<String>,
-    (sample, kafka_connect): (bool, bool),
+    (sample, kafka_connect, columns): (bool, bool, bool),
     repeat: u32,
     root: &std::path::Path,
     services: sluice_harness::Services,
@@ -208,7 +211,7 @@ async fn persist_alone(
     // In a task of its own, as the whole run is: its schemas are dropped even if it panics.
     let outcome = tokio::spawn({
         let bench = bench.clone();
-        async move { bench.persister_alone(records, topic, &shape, label, repeat, kafka_connect).await }
+        async move { bench.persister_alone(records, topic, &shape, label, repeat, (kafka_connect, columns)).await }
     })
     .await;
     bench.cleanup().await;

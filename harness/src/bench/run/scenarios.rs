@@ -53,7 +53,7 @@ impl Bench {
         shape: &Shape,
         shape_label: &str,
         repeat: u32,
-        kafka_connect: bool,
+        (kafka_connect, columns): (bool, bool),
     ) -> Result<String, RunError> {
         let topic = match topic {
             Some(topic) => topic,
@@ -72,7 +72,17 @@ impl Bench {
         };
         let mut out = format!("topic {topic}: {records} records of {shape_label}\n");
         for _ in 0..repeat {
-            let run = self.persist(&topic, records, shape_label, record_bytes).await?;
+            let run = self.persist(&topic, records, shape_label, record_bytes, false).await?;
+            if columns {
+                let typed = self.persist(&topic, records, shape_label, record_bytes, true).await?;
+                out.push_str(&format!(
+                    "with 5 typed columns: {:.0} rows/s ({:.2}× of none), {:.3} cores per 10k rows/s, {:.0} bytes per row\n",
+                    typed.rows_per_second,
+                    typed.rows_per_second / run.rows_per_second,
+                    typed.persister_cpu_cores_per_10k_rows_per_second,
+                    typed.bytes_per_row
+                ));
+            }
             out.push_str(&format!(
                 "{:.0} rows/s, {:.3} cores per 10k rows/s, peak RSS {:.1} MiB, {:.0} bytes per row\n",
                 run.rows_per_second,
@@ -358,10 +368,11 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         records: u64,
         shape: &str,
         record_bytes: f64,
+        columns: bool,
     ) -> Result<Persist, RunError> {
         let schema = self.new_schema();
         log(&format!("persister: {records} records from {topic} into PostgreSQL schema {schema}"));
-        let config = self.persister_config(topic, &schema);
+        let config = self.persister_config(topic, &schema, columns);
         let started = now();
         let mut persister = start_persister(&config).await;
         let drain = Self::wait_rows(&mut persister, records, Duration::from_secs(600)).await?;
@@ -431,7 +442,7 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         blocking(move || kafka::ensure_topic(&brokers, &name)).await?;
         let config = self.agent_config(&topic, "memory");
         let mut agent = start_agent(&config).await;
-        let persister_config = self.persister_config(&topic, &schema);
+        let persister_config = self.persister_config(&topic, &schema, false);
         let mut persister = start_persister(&persister_config).await;
         let (agent_pid, admin) = (agent.pid(), agent.admin());
         let (persister_pid, persister_admin) = (persister.pid(), persister.admin());
