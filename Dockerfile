@@ -6,10 +6,10 @@ ARG RUST_VERSION=1.95.0
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 # librdkafka is built from source by the rdkafka crate (cmake not needed: its default build uses
-# ./configure); OpenSSL is linked from the system.
+# ./configure); OpenSSL is linked from the system, libcurl (OAuth/OIDC) built in statically.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libssl-dev pkg-config \
+    && apt-get install -y --no-install-recommends libssl-dev libcurl4-openssl-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 ENV CARGO_TARGET_DIR=/src/target

@@ -28,12 +28,21 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# What cargo needs beyond Rust and the system OpenSSL: libcurl's headers, so that librdkafka is
+# built with OAuth/OIDC (`sasl.oauthbearer.method = "oidc"`; its configure leaves it out, silently,
+# without them: a unit test then fails, naming this). Every script that builds calls it.
+ensure_build_deps() {
+  [ -e /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -e /usr/include/curl/curl.h ] \
+    || apt_install libcurl4-openssl-dev pkg-config
+}
+
 # True when something accepts TCP connections on 127.0.0.1:$1.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # The benchmark tool and the release sluice it measures (two builds: the tool's dependencies
 # must not change the binary's features). Sets $BENCH and exports SLUICE_BENCH_BINARY and SLUICE_ROOT.
 build_bench() {
+  ensure_build_deps
   # As scripts/build-release builds it: the binary measured is the binary shipped.
   SLUICE_LINK_LAYOUT=1 cargo build --release --locked --quiet --bin sluice
   cargo build --release --locked --quiet -p sluice-harness --bin sluice-bench

@@ -273,6 +273,19 @@ fn typed_columns_are_checked_naming_the_column() {
     assert_eq!(config.persist.columns["latency"].kind, crate::config::ColumnType::DoublePrecision);
 }
 
+/// OAUTHBEARER's OIDC client-credentials flow needs librdkafka built with libcurl; its configure
+/// leaves libcurl out, silently, without its headers (scripts/lib.sh `ensure_build_deps` installs
+/// them). The OIDC properties are then refused at load, naming the key.
+#[test]
+fn librdkafka_is_built_with_oauth_oidc() {
+    let mut client = rdkafka::ClientConfig::new();
+    client.set("sasl.oauthbearer.method", "oidc").set("sasl.oauthbearer.client.id", "sluice");
+    assert!(
+        client.create_native_config().is_ok(),
+        "librdkafka was built without libcurl: install libcurl4-openssl-dev (scripts/lib.sh ensure_build_deps), then `cargo clean -p rdkafka-sys`"
+    );
+}
+
 /// Cold review (issue 15): librdkafka refuses `message.timeout.ms` ≤ `linger.ms`; the config
 /// took such a pair, so the agent failed to start (exit 1, no key named) or, on a reload, kept
 /// failing to replace its producer.

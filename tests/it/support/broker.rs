@@ -15,6 +15,9 @@ pub struct PrivateBroker {
     pub bootstrap: String,
     /// With [`PrivateBroker::start_sasl_ssl`]: the SASL_SSL listener and the CA that signed it.
     pub sasl_ssl: Option<(String, PathBuf)>,
+    /// With [`PrivateBroker::start_sasl_ssl`]: a SASL_PLAINTEXT listener taking OAUTHBEARER
+    /// tokens, checked by Kafka's unsecured-JWS validator (unsigned JWTs with `sub` and `exp`).
+    pub oauthbearer: Option<String>,
     lib: PathBuf,
     process: Option<Process>,
     /// Last: fields drop in order, and the broker's log must outlive its process (a failing
@@ -38,7 +41,7 @@ impl PrivateBroker {
 
     /// Like [`PrivateBroker::start`], with a second listener on SASL_SSL: SCRAM-SHA-512 user
     /// `sluice` (password [`SASL_PASSWORD`]) and a certificate for 127.0.0.1 signed by a CA the
-    /// test generates.
+    /// test generates; and a third on SASL_PLAINTEXT for OAUTHBEARER ([`PrivateBroker::oauthbearer`]).
     pub async fn start_sasl_ssl() -> Self {
         Self::start_with(true, false).await.0
     }
@@ -67,20 +70,24 @@ impl PrivateBroker {
         }
         let mut secured = None;
         if sasl_ssl {
-            let sasl_port = free_port();
+            let (sasl_port, oauth_port) = (free_port(), free_port());
             let ca = certificates(dir.path());
-            // Later keys override earlier ones when Java reads the file.
+            // Later keys override earlier ones when Java reads the file. The OAUTH listener has
+            // no server callback handler: Kafka's unsecured-JWS validator checks its tokens.
             properties.push_str(&format!(
-                "listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},CONTROLLER://127.0.0.1:{controller}\n\
-                 advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port}\n\
-                 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL\n\
-                 sasl.enabled.mechanisms=SCRAM-SHA-512\n\
+                "listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},OAUTH://127.0.0.1:{oauth_port},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sasl_port},OAUTH://127.0.0.1:{oauth_port}\n\
+                 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,OAUTH:SASL_PLAINTEXT\n\
+                 sasl.enabled.mechanisms=SCRAM-SHA-512,OAUTHBEARER\n\
+                 listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512\n\
+                 listener.name.oauth.sasl.enabled.mechanisms=OAUTHBEARER\n\
+                 listener.name.oauth.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;\n\
                  listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;\n\
                  ssl.keystore.type=PEM\n\
                  ssl.keystore.location={}\n",
                 dir.path().join("server.pem").display()
             ));
-            secured = Some((format!("127.0.0.1:{sasl_port}"), ca));
+            secured = Some((format!("127.0.0.1:{sasl_port}"), ca, format!("127.0.0.1:{oauth_port}")));
         }
         std::fs::write(dir.path().join("server.properties"), properties).expect("write properties");
         let mut format = Command::new("java");
@@ -96,7 +103,11 @@ impl PrivateBroker {
         }
         let status = format.status().expect("run kafka StorageTool");
         assert!(status.success(), "kafka storage format failed");
-        let mut broker = Self { bootstrap, sasl_ssl: secured, dir, lib, process: None };
+        let (sasl_ssl, oauthbearer) = match secured {
+            Some((sasl, ca, oauth)) => (Some((sasl, ca)), Some(oauth)),
+            None => (None, None),
+        };
+        let mut broker = Self { bootstrap, sasl_ssl, oauthbearer, dir, lib, process: None };
         broker.resume().await;
         (broker, proxy)
     }
