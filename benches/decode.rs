@@ -212,5 +212,47 @@ fn redact(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode, redact);
+/// Routing per record (`kafka.topic` as a template over a record field, and a key template
+/// beside it): what a templated topic adds to each record, beside a plain topic (one `Arc` clone).
+fn templates(c: &mut Criterion) {
+    let mut group = c.benchmark_group("templates");
+    group.throughput(Throughput::Elements(RECORDS as u64));
+    let pod = PodMetadata { name: Some("web-1".into()), namespace: Some("shop".into()), ..PodMetadata::default() };
+    let records: Vec<String> = (0..RECORDS)
+        .map(|n| {
+            let record = json_record(n);
+            format!(r#"{{"service":"svc{}",{}"#, n % 8, &record[1..record.len() - 16])
+        })
+        .map(|record| format!("{record}\"}}"))
+        .collect();
+    assert!(serde_json::from_str::<serde_json::Value>(&records[0]).is_ok(), "{}", records[0]);
+    for (name, topic) in [("topic_plain", "logs"), ("topic_record_field", "logs.{record.service}")] {
+        let kafka = sluice::config::KafkaConfig {
+            topic: topic.into(),
+            default_topic: topic.contains('{').then(|| "logs.other".to_string()),
+            ..sluice::config::KafkaConfig::default()
+        };
+        let route = sluice::topic::Route::new(&kafka, &pod);
+        group.bench_function(name, |b| {
+            let mut scratch = String::new();
+            b.iter(|| {
+                for record in &records {
+                    black_box(route.route(record, &mut scratch));
+                }
+            })
+        });
+    }
+    let key = sluice::template::Template::parse("{pod.namespace}/{record.service}").expect("template");
+    group.bench_function("key_record_field", |b| {
+        let mut out = String::new();
+        b.iter(|| {
+            for record in &records {
+                black_box(key.render(&pod, record, &mut out));
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode, redact, templates);
 criterion_main!(benches);
