@@ -130,6 +130,9 @@ impl RedactConfig {
                 }
             }
         }
+        if let Err(error) = crate::ingest::redact::check(self) {
+            return Err(at.invalid("rules", format!("the rules together are too large to match at once: {error}")));
+        }
         Ok(())
     }
 }

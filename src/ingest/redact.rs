@@ -44,18 +44,27 @@ pub struct Redactor {
     patterns: bool,
 }
 
-/// A masked record would be larger than the caller allows.
+/// Why a record cannot be shipped masked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooLarge;
+pub enum Unmasked {
+    /// Masked, it would be larger than the caller allows.
+    TooLarge,
+    /// A JSON record the walk could not follow (never seen: the record parsed as JSON): refused
+    /// rather than shipped unmasked.
+    Unfollowable,
+}
 
 /// The regular expression of a preset.
 pub fn preset_pattern(preset: RedactPreset) -> &'static str {
     match preset {
+        // ASCII classes and boundaries throughout: a Unicode `\b` makes the lazy DFA give up on any
+        // non-ASCII record, and matching falls back to the slower engine.
         RedactPreset::Email => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
-        // 13 to 19 digits, optionally grouped by spaces or dashes; a Luhn check follows.
-        RedactPreset::CreditCard => r"\b\d(?:[ -]?\d){12,18}\b",
-        RedactPreset::BearerToken => r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]+=*",
-        RedactPreset::Jwt => r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+",
+        // 13 to 19 digits, optionally grouped by spaces or dashes; a Luhn check follows (on each
+        // window of a longer run too).
+        RedactPreset::CreditCard => r"(?-u:\b)[0-9](?:[ -]?[0-9]){12,30}(?-u:\b)",
+        RedactPreset::BearerToken => r"(?i-u)(?-u:\b)bearer[ \t]+[A-Za-z0-9._~+/-]+=*",
+        RedactPreset::Jwt => r"(?-u:\b)eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+",
     }
 }
 
@@ -64,60 +73,79 @@ pub fn compile(pattern: &str) -> Result<Regex, regex::Error> {
     regex::RegexBuilder::new(pattern).size_limit(1 << 20).build()
 }
 
+/// The quick test's pattern for each rule (a field rule: its key followed by `:`).
+fn quick_patterns(config: &RedactConfig) -> Vec<String> {
+    config
+        .rules
+        .iter()
+        .filter_map(|rule| match (&rule.field, rule.preset, &rule.regex) {
+            (Some(field), _, _) => Some(format!(r#"(?i)"{}"\s*:"#, regex::escape(field))),
+            (None, Some(preset), _) => Some(preset_pattern(preset).to_string()),
+            (None, None, Some(pattern)) => Some(pattern.clone()),
+            (None, None, None) => None,
+        })
+        .collect()
+}
+
+/// Builds the rules' combined quick test, as [`Redactor::new`] does: a set of rules each valid
+/// alone may still be too large together (checked at load, naming the key).
+pub fn check(config: &RedactConfig) -> Result<(), regex::Error> {
+    regex::RegexSetBuilder::new(quick_patterns(config)).size_limit(QUICK_SET_LIMIT).build().map(drop)
+}
+
+/// How large the compiled quick test may be.
+const QUICK_SET_LIMIT: usize = 1 << 22;
+
 impl Redactor {
     /// The rules of `config` for `listener` (validated at load).
     pub fn new(config: &RedactConfig, listener: &str) -> Result<Self, regex::Error> {
         let mut rules = Vec::new();
-        let mut any = Vec::new();
         let mut counters = Vec::new();
         for rule in &config.rules {
             let compiled = match (&rule.field, rule.preset, &rule.regex) {
-                (Some(field), _, _) => {
-                    any.push(format!(r#"(?i)"{}"\s*:"#, regex::escape(field)));
-                    Rule::Field(field.clone())
-                }
+                (Some(field), _, _) => Rule::Field(field.clone()),
                 (None, Some(preset), _) => {
-                    let pattern = preset_pattern(preset);
-                    any.push(pattern.to_string());
-                    Rule::Pattern { regex: compile(pattern)?, luhn: preset == RedactPreset::CreditCard }
+                    Rule::Pattern { regex: compile(preset_pattern(preset))?, luhn: preset == RedactPreset::CreditCard }
                 }
-                (None, None, Some(pattern)) => {
-                    any.push(pattern.clone());
-                    Rule::Pattern { regex: compile(pattern)?, luhn: false }
-                }
+                (None, None, Some(pattern)) => Rule::Pattern { regex: compile(pattern)?, luhn: false },
                 // Validated at load: exactly one of the three.
                 (None, None, None) => continue,
             };
             rules.push(compiled);
-            counters.push(metrics::counter!(
+            let counter = metrics::counter!(
                 telemetry::INGEST_REDACTIONS,
                 "listener" => listener.to_string(),
                 "rule" => rule.name.clone()
-            ));
+            );
+            counter.increment(0);
+            counters.push(counter);
         }
         let patterns = rules.iter().any(|rule| matches!(rule, Rule::Pattern { .. }));
-        let any = regex::RegexSetBuilder::new(&any).size_limit(1 << 22).build()?;
+        let any = regex::RegexSetBuilder::new(quick_patterns(config)).size_limit(QUICK_SET_LIMIT).build()?;
         Ok(Self { mask: config.mask.clone(), rules, counters, any, patterns })
     }
 
     /// Masks `record` into `out` (cleared first): `Ok(true)` if anything was masked (then `out`
     /// is the record to ship), `Ok(false)` if nothing matched (`out` unspecified: ship `record`).
     /// `Err` if the masked record would exceed `limit` bytes.
-    pub fn apply(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, TooLarge> {
+    pub fn apply(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, Unmasked> {
         out.clear();
-        if !self.any.is_match(record) {
+        // The quick test reads the bytes as written; an escape (`\/`, `\u0040`, a key spelled
+        // with one) can hide a match from it, so a record with a backslash is always walked.
+        if !record.contains('\\') && !self.any.is_match(record) {
             return Ok(false);
         }
-        let masked = if record.starts_with('{') && record.ends_with('}') {
-            self.json(record, out, limit)?
+        // JSON as the envelope tells it (it parses): a `{…}` that is not JSON (a Python dict, a
+        // Java map's toString) is text, and every pattern applies to all of it.
+        if crate::envelope::is_json_object(record) {
+            self.json(record, out, limit)
         } else {
-            self.text(record, out, limit)?
-        };
-        Ok(masked)
+            self.text(record, out, limit)
+        }
     }
 
     /// A text record: every pattern's matches masked.
-    fn text(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, TooLarge> {
+    fn text(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, Unmasked> {
         let mut current = std::borrow::Cow::Borrowed(record);
         let mut masked = false;
         for (index, rule) in self.rules.iter().enumerate() {
@@ -132,7 +160,7 @@ impl Redactor {
             return Ok(false);
         }
         if current.len() > limit {
-            return Err(TooLarge);
+            return Err(Unmasked::TooLarge);
         }
         out.push_str(&current);
         Ok(true)
@@ -145,12 +173,19 @@ impl Redactor {
         let mut last = 0;
         let mut count = 0;
         for found in regex.find_iter(text) {
-            if luhn && !luhn_valid(found.as_str()) {
-                continue;
-            }
-            out.push_str(&text[last..found.start()]);
+            let (start, end) = if luhn {
+                // The run itself, or the first window of 13-19 digits inside it that passes (a
+                // card next to a quantity or an expiry date).
+                match luhn_window(found.as_str()) {
+                    Some((from, to)) => (found.start() + from, found.start() + to),
+                    None => continue,
+                }
+            } else {
+                (found.start(), found.end())
+            };
+            out.push_str(&text[last..start]);
             out.push_str(&self.mask);
-            last = found.end();
+            last = end;
             count += 1;
         }
         if count == 0 {
@@ -164,7 +199,7 @@ impl Redactor {
     /// A JSON record, walked token by token: a masked field's value becomes `"mask"`; patterns
     /// mask inside string values. A record the walk cannot follow (it was validated as JSON only
     /// if it parses: this is a safety net) is masked as text.
-    fn json(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, TooLarge> {
+    fn json(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, Unmasked> {
         let bytes = record.as_bytes();
         let mut copied = 0;
         let mut masked = false;
@@ -188,7 +223,7 @@ impl Redactor {
                 }
                 open @ (b'{' | b'[') => {
                     if let Some(index) = pending.take() {
-                        let Some(end) = container_end(bytes, at) else { return self.text(record, out, limit) };
+                        let Some(end) = container_end(bytes, at) else { return Err(Unmasked::Unfollowable) };
                         self.replace(record, &mut copied, at, end, index, out);
                         masked = true;
                         at = end;
@@ -198,7 +233,7 @@ impl Redactor {
                     }
                 }
                 b'"' => {
-                    let Some(end) = string_end(bytes, at) else { return self.text(record, out, limit) };
+                    let Some(end) = string_end(bytes, at) else { return Err(Unmasked::Unfollowable) };
                     let is_key = stack.last().is_some_and(|top| top.1);
                     if is_key {
                         if let Some(top) = stack.last_mut() {
@@ -228,12 +263,21 @@ impl Redactor {
                     if let Some(index) = pending.take() {
                         self.replace(record, &mut copied, at, end, index, out);
                         masked = true;
+                    } else if self.patterns && self.matches_scalar(&record[at..end]) {
+                        // A number a pattern matches (a card number written as a JSON number):
+                        // the mask, as a string.
+                        out.push_str(&record[copied..at]);
+                        out.push('"');
+                        out.push_str(&self.mask);
+                        out.push('"');
+                        copied = end;
+                        masked = true;
                     }
                     at = end.max(at + 1);
                 }
             }
             if out.len() > limit {
-                return Err(TooLarge);
+                return Err(Unmasked::TooLarge);
             }
         }
         if !masked {
@@ -241,7 +285,7 @@ impl Redactor {
         }
         out.push_str(&record[copied..]);
         if out.len() > limit {
-            return Err(TooLarge);
+            return Err(Unmasked::TooLarge);
         }
         Ok(true)
     }
@@ -256,15 +300,38 @@ impl Redactor {
         self.counters[index].increment(1);
     }
 
-    /// The field rule a key (its text as written, between its quotes) names.
+    /// The field rule a key (its text as written, between its quotes; escapes decoded) names.
     fn field_rule(&self, key: &str) -> Option<usize> {
+        let decoded = if key.contains('\\') { decode(key) } else { None };
+        let key = decoded.as_deref().unwrap_or(key);
         self.rules.iter().position(|rule| matches!(rule, Rule::Field(name) if name.eq_ignore_ascii_case(key)))
+    }
+
+    /// Whether a pattern matches in a scalar token (a number, `true`, `false`, `null`), counted.
+    fn matches_scalar(&self, token: &str) -> bool {
+        self.rules.iter().enumerate().any(
+            |(index, rule)| matches!(rule, Rule::Pattern { regex, luhn } if self.mask_matches(regex, *luhn, token, index).is_some()),
+        )
     }
 
     /// A string value's content (as written, escapes and all) with the patterns' matches masked,
     /// or `None` if none matched. If masking broke an escape sequence, the whole content is the
     /// mask: nothing of it leaves unmasked, and the record stays valid JSON.
     fn mask_string(&self, content: &str) -> Option<String> {
+        // Escaped text (`\/`, `\u0040`) is matched as it reads, then written back escaped.
+        if content.contains('\\') {
+            let Some(decoded) = decode(content) else { return Some(self.mask.clone()) };
+            let masked = self.mask_value(&decoded)?;
+            let quoted = serde_json::to_string(&masked).ok()?;
+            return Some(quoted[1..quoted.len() - 1].to_string());
+        }
+        let masked = self.mask_value(content)?;
+        // Without a backslash, no escape can be broken; checked all the same.
+        Some(if valid_string_content(&masked) { masked } else { self.mask.clone() })
+    }
+
+    /// A string's text with the patterns' matches masked, or `None` if none matched.
+    fn mask_value(&self, content: &str) -> Option<String> {
         let mut current = std::borrow::Cow::Borrowed(content);
         for (index, rule) in self.rules.iter().enumerate() {
             if let Rule::Pattern { regex, luhn } = rule
@@ -275,10 +342,46 @@ impl Redactor {
         }
         match current {
             std::borrow::Cow::Borrowed(_) => None,
-            std::borrow::Cow::Owned(replaced) if valid_string_content(&replaced) => Some(replaced),
-            std::borrow::Cow::Owned(_) => Some(self.mask.clone()),
+            std::borrow::Cow::Owned(replaced) => Some(replaced),
         }
     }
+}
+
+/// A JSON string's content (between its quotes, as written) decoded; `None` if it is not valid.
+fn decode(content: &str) -> Option<String> {
+    serde_json::from_str::<String>(&format!("\"{content}\"")).ok()
+}
+
+/// Within a run of digit groups (separated by a space or `-`), the first span of whole groups
+/// holding 13-19 digits (byte offsets) that passes the Luhn check, the longest first: the card
+/// beside a quantity or an expiry date. A run without separators is one group: a long number
+/// (an order id) is never cut into a card.
+fn luhn_window(run: &str) -> Option<(usize, usize)> {
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let mut start = None;
+    for (at, c) in run.char_indices() {
+        match (c.is_ascii_digit(), start) {
+            (true, None) => start = Some(at),
+            (false, Some(from)) => {
+                groups.push((from, at));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = start {
+        groups.push((from, run.len()));
+    }
+    for first in 0..groups.len() {
+        for last in (first..groups.len()).rev() {
+            let span = &run[groups[first].0..groups[last].1];
+            let digits = span.bytes().filter(u8::is_ascii_digit).count();
+            if (13..=19).contains(&digits) && luhn_valid(span) {
+                return Some((groups[first].0, groups[last].1));
+            }
+        }
+    }
+    None
 }
 
 /// The offset after the string starting at `start` (its closing quote included).
@@ -409,23 +512,48 @@ mod tests {
     }
 
     #[test]
-    fn a_match_across_an_escape_masks_the_whole_string_and_the_record_stays_json() {
+    fn a_match_across_an_escape_is_made_on_the_text_as_it_reads_and_written_back_escaped() {
         let config = RedactConfig {
             mask: "[REDACTED]".into(),
-            rules: vec![RedactRule { regex: Some(r"secret\\".into()), ..rule("odd") }],
+            rules: vec![RedactRule { regex: Some(r#"secret"q"#.into()), ..rule("odd") }],
         };
         let redactor = Redactor::new(&config, "test").expect("compiles");
         let mut out = String::new();
+        // Matched as the string reads (`secret"quote`), written back escaped.
         assert!(redactor.apply(r#"{"m":"a secret\"quote"}"#, &mut out, 1 << 20).expect("within"));
-        assert_eq!(out, r#"{"m":"[REDACTED]"}"#);
+        assert_eq!(out, r#"{"m":"a [REDACTED]uote"}"#);
         serde_json::from_str::<serde_json::Value>(&out).expect("valid JSON");
+    }
+
+    /// Cold review (issue 32): what the first masking let through.
+    #[test]
+    fn masks_what_escapes_number_tokens_and_non_json_braces_hid() {
+        assert_eq!(masked("{'user': 'ann@example.com'}"), "{'user': '[REDACTED]'}", "a Python dict is text");
+        assert_eq!(masked("{email=ann@example.com}"), "{email=[REDACTED]}", "a Java map is text");
+        assert_eq!(masked(r#"{"cc":4111111111111111}"#), r#"{"cc":"[REDACTED]"}"#, "a card as a JSON number");
+        assert_eq!(masked(r#"{"m":"mail ann@example.com"}"#), r#"{"m":"mail [REDACTED]"}"#);
+        assert_eq!(masked(r#"{"password":"hunter2"}"#), r#"{"password":"[REDACTED]"}"#);
+        let config = RedactConfig {
+            mask: "[REDACTED]".into(),
+            rules: vec![RedactRule { preset: Some(RedactPreset::BearerToken), ..rule("bearer") }],
+        };
+        let bearer = Redactor::new(&config, "test").expect("compiles");
+        let mut out = String::new();
+        assert!(bearer.apply(r#"{"h":"Bearer abc\/def+ghi=="}"#, &mut out, 1 << 20).expect("within"));
+        assert_eq!(out, r#"{"h":"[REDACTED]"}"#, "PHP's escaped slash does not cut the token short");
+    }
+
+    #[test]
+    fn masks_a_card_number_beside_other_digits() {
+        assert_eq!(masked("qty 2 4111 1111 1111 1111"), "qty 2 [REDACTED]");
+        assert_eq!(masked("card 4111 1111 1111 1111 12 27"), "card [REDACTED] 12 27");
     }
 
     #[test]
     fn refuses_to_grow_a_record_past_the_limit() {
         let record = format!("{{{}\"x\":0}}", r#""password":1,"#.repeat(100));
         let mut out = String::new();
-        assert_eq!(redactor().apply(&record, &mut out, record.len() + 10), Err(TooLarge));
+        assert_eq!(redactor().apply(&record, &mut out, record.len() + 10), Err(Unmasked::TooLarge));
     }
 
     #[test]

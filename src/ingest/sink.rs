@@ -294,7 +294,8 @@ impl<'a> RecordSink<'a> {
         match redact.apply(text, &mut masked, self.ingest.max_message / 2) {
             Ok(true) => self.admit(&masked, raw_len, ack).await,
             Ok(false) => self.admit(text, raw_len, ack).await,
-            Err(redact::TooLarge) => self.reject(Rejected::TooLarge, ack),
+            Err(redact::Unmasked::TooLarge) => self.reject(Rejected::TooLarge, ack),
+            Err(redact::Unmasked::Unfollowable) => self.reject(Rejected::Malformed, ack),
         }
         self.masked = masked;
     }
@@ -478,6 +479,9 @@ impl<'a> RecordSink<'a> {
         self.pending.shrink_to(IDLE_BATCH);
         self.transformed.shrink_to(IDLE_TRANSFORMED);
         self.key_text.shrink_to(IDLE_TRANSFORMED);
+        self.topic_text.shrink_to(IDLE_TRANSFORMED);
+        self.masked.clear();
+        self.masked.shrink_to(IDLE_TRANSFORMED);
         if let Some(joiner) = &mut self.multiline {
             joiner.shrink();
         }
