@@ -165,26 +165,47 @@ pub async fn run(
         ),
     )];
     let pod = Arc::new(RwLock::new(pod));
+    // The config the key and topic routes were last made from: a reload and a change of the pod's
+    // labels each make them again under this lock, from the other's latest (neither reverts the
+    // other's change).
+    let routing = Arc::new(std::sync::Mutex::new(config.clone()));
     if config.agent.pod_info.path.is_some() {
         let current = pod.read().unwrap_or_else(|poisoned| poisoned.into_inner()).info.clone();
-        let (context, pod, running) = (context.clone(), pod.clone(), running.clone());
+        let (context, pod, routing) = (context.clone(), pod.clone(), routing.clone());
         let changed = move |info: &crate::podinfo::PodInfo| {
+            let config = routing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let pod = {
                 let mut pod = pod.write().unwrap_or_else(|poisoned| poisoned.into_inner());
                 pod.info = info.clone();
                 pod.clone()
             };
-            let config = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
             context.envelopes.set_pod(&pod);
-            // Templates naming a label render again.
-            context.topics.set(&config.kafka, &pod);
-            context.key.set(KeyRule::new(&config.ship, &pod));
+            // Templates naming a label or annotation render again; the others keep their route
+            // (a new route would start over on `kafka.max_topics`).
+            let names_pod_info = |template: Option<&str>| {
+                template
+                    .and_then(|text| crate::template::Template::parse(text).ok())
+                    .is_some_and(|t| t.reads_pod_info())
+            };
+            if names_pod_info(Some(config.kafka.topic.as_str())) {
+                context.topics.set(&config.kafka, &pod);
+            }
+            if names_pod_info(config.ship.key_template.as_deref()) {
+                context.key.set(KeyRule::new(&config.ship, &pod));
+            }
         };
         let follow = crate::podinfo::follow(config.agent.pod_info.clone(), current, changed, background.clone());
         services.push(tasks.service("pod info", background.clone(), follow.instrument(info_span!("pod_info"))));
     }
     if let Some(reloading) = reloading {
-        let live = Live { buffer: buffer.clone(), context: context.clone(), shipper: shipper.clone(), pod, reloading };
+        let live = Live {
+            buffer: buffer.clone(),
+            context: context.clone(),
+            shipper: shipper.clone(),
+            pod,
+            routing,
+            reloading,
+        };
         let follow = reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload"));
         services.push(tasks.service("reload", background.clone(), follow));
     }
@@ -411,6 +432,8 @@ struct Live {
     shipper: Arc<Shipper>,
     /// The pod, its labels as last read (`[agent.pod_info]`).
     pod: Arc<RwLock<PodMetadata>>,
+    /// The config the routes were last made from (shared with the pod-info follower).
+    routing: Arc<std::sync::Mutex<Config>>,
     reloading: Reloading,
 }
 
@@ -433,6 +456,8 @@ impl Live {
             warn!(%error, "log level not changed");
         }
         self.buffer.set_policy(Policy { when_full: new.buffer.when_full, block_timeout: new.buffer.block_timeout });
+        let mut routing = self.routing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *routing = new.clone();
         if (old.ship.key, &old.ship.key_field, &old.ship.key_template)
             != (new.ship.key, &new.ship.key_field, &new.ship.key_template)
         {
@@ -445,6 +470,7 @@ impl Live {
             self.context.topics.set(&new.kafka, &self.pod());
             info!(topic = %new.kafka.topic, "kafka.topic applied to records read from now on");
         }
+        drop(routing);
         if old.ship.envelope != new.ship.envelope {
             self.context.envelopes.set_kind(new.ship.envelope);
         }
@@ -456,8 +482,8 @@ impl Live {
 }
 
 /// What the producer is built from (the key and the envelope are the readers', not the
-/// producer's).
-fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::BTreeMap<String, String>) {
+/// producer's; whether the topic is a template is).
+fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::BTreeMap<String, String>, bool) {
     let ship = ShipConfig {
         key: KeySource::None,
         key_field: None,
@@ -465,7 +491,8 @@ fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::B
         envelope: EnvelopeKind::Binary,
         ..config.ship.clone()
     };
-    (ship, &config.kafka.brokers, &config.kafka.properties)
+    // A templated topic turns the producer's topic auto-creation off (`ship::producer_config`).
+    (ship, &config.kafka.brokers, &config.kafka.properties, config.kafka.topic_template().is_some())
 }
 
 /// Applies new configs as they come (SIGHUP or a changed file) until `stop`.

@@ -86,9 +86,17 @@ pub fn classify(error: &KafkaError) -> Disposition {
 /// topic, counted (`sluice_ingest_topic_defaults_total{reason="unknown_topic"}`): true if it was
 /// rerouted. A record of the default topic waits, as any record does while Kafka cannot take it.
 fn reroute_unknown(topics: &crate::topic::Topics, error: &KafkaError, in_flight: &mut InFlight) -> bool {
+    // A topic that does not exist, is not a valid name for the broker, or that the agent may not
+    // write: for a routed topic, the default one takes its records (else they would be retried
+    // for ever, holding the buffer).
     if !matches!(
         error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+        Some(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+        )
     ) {
         return false;
     }
@@ -152,6 +160,13 @@ pub fn producer_config(config: &Config, share: impl Into<ProducerShare>) -> Clie
     // A client id set in the properties is kept (Kafka's quotas are per client id).
     if client.get("client.id").is_none() {
         client.set("client.id", "sluice-agent");
+    }
+    // A templated topic's names come from records: the producer does not ask the broker to
+    // create them (a hostile field, or every restart's fresh `max_topics`, would create topics
+    // without bound). A topic that does not exist sends its records to `kafka.default_topic`,
+    // counted `unknown_topic`. Setting the property keeps it (topics created on demand).
+    if config.kafka.topic_template().is_some() && client.get("allow.auto.create.topics").is_none() {
+        client.set("allow.auto.create.topics", "false");
     }
     client
         .set("bootstrap.servers", &config.kafka.brokers)

@@ -108,6 +108,11 @@ impl Template {
         self.parts.iter().any(|part| matches!(part, Part::Record(_)))
     }
 
+    /// Whether it names a pod label or annotation (which change while the agent runs).
+    pub fn reads_pod_info(&self) -> bool {
+        self.parts.iter().any(|part| matches!(part, Part::Label(_) | Part::Annotation(_)))
+    }
+
     /// Its parts in order: `Some(text)` for literal text, `None` for a field (what the persister's
     /// topic pattern matches with any text).
     pub fn pattern_parts(&self) -> impl Iterator<Item = Option<&str>> {

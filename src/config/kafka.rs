@@ -152,6 +152,17 @@ impl KafkaConfig {
             }
             Some(Err(error)) => return Err(at.invalid("topic", format!("not a template: {error}"))),
             Some(Ok(template)) => {
+                match template.pattern_parts().next() {
+                    Some(Some(prefix)) if !prefix.starts_with("__") => {}
+                    _ => {
+                        return Err(at.invalid(
+                            "topic",
+                            "a template must begin with literal text (\"logs.{record.service}\"), not `__`: records \
+                             cannot then be routed into other applications' topics or Kafka's own, and the persister's \
+                             pattern stays within yours",
+                        ));
+                    }
+                }
                 if let Some(bad) =
                     template.pattern_parts().flatten().flat_map(str::chars).find(|c| !valid_topic_char(*c))
                 {

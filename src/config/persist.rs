@@ -46,7 +46,7 @@ pub struct PersistConfig {
     #[serde(with = "humantime_serde")]
     pub batch_max_wait: Duration,
     /// PostgreSQL connections writing batches at the same time, each for a fixed share of the
-    /// partitions (partition number modulo `writers`), so a partition's offsets are stored in
+    /// partitions (by topic and partition number), so a partition's offsets are stored in
     /// order. Reading and parsing go on while they write. Memory: up to three batches per
     /// writer (one being filled, one waiting, one being written). Default `2`.
     pub writers: usize,
@@ -210,12 +210,13 @@ impl PersistConfig {
             return Err(at.invalid("columns", "at most 32 typed columns"));
         }
         for (name, column) in &self.columns {
+            // 50: its index's name (`log_rows_NAME_idx`) stays within PostgreSQL's 63 bytes.
             let valid = !name.is_empty()
-                && name.len() <= 63
+                && name.len() <= 50
                 && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
                 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
             if !valid {
-                return Err(at.invalid(&format!("columns.{name}"), "a column name: [a-z_][a-z0-9_]*, at most 63 bytes"));
+                return Err(at.invalid(&format!("columns.{name}"), "a column name: [a-z_][a-z0-9_]*, at most 50 bytes"));
             }
             if BASE_COLUMNS.contains(&name.as_str()) {
                 return Err(at.invalid(&format!("columns.{name}"), "is a column every row has already"));

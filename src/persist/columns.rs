@@ -16,6 +16,10 @@ use tokio_postgres::types::{IsNull, ToSql, Type, accepts, to_sql_checked};
 use crate::config::{ColumnConfig, ColumnType};
 use crate::telemetry;
 
+/// Longest `text` or `jsonb` value an indexed typed column takes (PostgreSQL's b-tree entries
+/// are limited to about a third of a page, 2,704 bytes, after compression).
+pub const MAX_INDEXED_BYTES: usize = 2000;
+
 /// One typed column, compiled.
 #[derive(Debug, Clone)]
 pub struct Column {
@@ -63,7 +67,12 @@ impl Columns {
                 if value.is_null() {
                     return None;
                 }
-                let converted = convert(value, column.config.kind);
+                let converted = convert(value, column.config.kind).filter(|typed| {
+                    // A b-tree entry holds at most ~2.7 kB: a longer value in an indexed column
+                    // would fail its row's insert (a dead letter). NULL instead, counted.
+                    !column.config.index
+                        || !matches!(typed, Typed::Text(text) | Typed::Json(text) if text.len() > MAX_INDEXED_BYTES)
+                });
                 if converted.is_none() {
                     column.unconvertible.increment(1);
                 }
@@ -179,6 +188,17 @@ mod tests {
         for (value, kind, expected) in cases {
             assert_eq!(convert(&value, kind), expected, "{value} as {kind:?}");
         }
+    }
+
+    /// Cold review (issue 32): a long value in an indexed column failed its row's insert.
+    #[test]
+    fn a_value_too_long_for_its_index_is_null() {
+        let config: std::collections::BTreeMap<String, ColumnConfig> =
+            toml::from_str(r#"path = { pointer = "/path", type = "text", index = true }"#).expect("columns");
+        let columns = Columns::new(&config);
+        let long = format!(r#"{{"path":"{}"}}"#, "x".repeat(MAX_INDEXED_BYTES + 1));
+        assert_eq!(columns.values(Some(&long)), vec![None]);
+        assert_eq!(columns.values(Some(r#"{"path":"/cart"}"#)), vec![Some(Typed::Text("/cart".into()))]);
     }
 
     #[test]

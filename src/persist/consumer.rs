@@ -52,20 +52,25 @@ pub(super) struct PersistContext {
     pub(super) lag: Arc<LagClock>,
 }
 
-/// What this persister has stored per partition: the next offset, and the ingest time of the
-/// last record. With the partitions' high watermarks that makes the lag in records and seconds.
+/// A partition of a topic: the persister may read several topics (`persist.topics`), each with
+/// its own partition 0.
+pub(super) type TopicPartition = (String, i32);
+
+/// What this persister has stored per topic partition: the next offset, and the ingest time of
+/// the last record. With the partitions' high watermarks that makes the lag in records and
+/// seconds.
 #[derive(Default)]
 pub(super) struct LagClock {
-    pub(super) next_offset: std::sync::Mutex<BTreeMap<i32, i64>>,
-    pub(super) last_ingest_ms: std::sync::Mutex<BTreeMap<i32, i64>>,
+    pub(super) next_offset: std::sync::Mutex<BTreeMap<TopicPartition, i64>>,
+    pub(super) last_ingest_ms: std::sync::Mutex<BTreeMap<TopicPartition, i64>>,
     /// Partitions whose lag was reported, so a revoked one is reset to 0.
-    pub(super) reported: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+    pub(super) reported: std::sync::Mutex<std::collections::BTreeSet<TopicPartition>>,
 }
 
 impl LagClock {
     /// A partition was revoked: what this persister stored for it no longer measures its lag
     /// (another replica may persist it meanwhile; given back, it starts from the group's commit).
-    pub(super) fn forget(&self, partitions: impl Iterator<Item = i32> + Clone) {
+    pub(super) fn forget(&self, partitions: impl Iterator<Item = TopicPartition> + Clone) {
         let mut stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for partition in partitions {
@@ -76,26 +81,30 @@ impl LagClock {
 
     pub(super) fn stored(&self, next_offsets: &BTreeMap<(String, i32), i64>) {
         let mut stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for ((_, partition), next) in next_offsets {
-            stored.insert(*partition, *next);
+        for (partition, next) in next_offsets {
+            stored.insert(partition.clone(), *next);
         }
     }
 
     /// The next offsets stored, as `partition=offset` pairs, for a log line.
     pub(super) fn describe_stored(&self) -> String {
         let stored = self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        stored.iter().map(|(partition, next)| format!("{partition}={next}")).collect::<Vec<_>>().join(",")
+        stored
+            .iter()
+            .map(|((topic, partition), next)| format!("{topic}/{partition}={next}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
-    pub(super) fn next_offset(&self, partition: i32) -> Option<i64> {
-        self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied()
+    pub(super) fn next_offset(&self, partition: &TopicPartition) -> Option<i64> {
+        self.next_offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(partition).copied()
     }
 
     pub(super) fn persisted(&self, rows: &[Row]) {
         let mut last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for row in rows {
             let ms = row.ingest_time.timestamp_millis();
-            let entry = last.entry(row.origin.partition).or_insert(ms);
+            let entry = last.entry((row.origin.topic.clone(), row.origin.partition)).or_insert(ms);
             *entry = (*entry).max(ms);
         }
     }
@@ -104,23 +113,28 @@ impl LagClock {
     /// not measure this time (its watermarks did not come within the timeout) keeps its last
     /// figure — reporting 0 would say "caught up" exactly when the brokers are slow; one no
     /// longer assigned goes to 0.
-    pub(super) fn report(&self, lag: &std::collections::HashMap<i32, i64>, assigned: &std::collections::BTreeSet<i32>) {
+    pub(super) fn report(
+        &self,
+        lag: &std::collections::HashMap<TopicPartition, i64>,
+        assigned: &std::collections::BTreeSet<TopicPartition>,
+    ) {
         let now = chrono::Utc::now().timestamp_millis();
         let last = self.last_ingest_ms.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut reported = self.reported.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let labels =
+            |(topic, partition): &TopicPartition| [("topic", topic.clone()), ("partition", partition.to_string())];
         for (partition, records) in lag {
-            let label = partition.to_string();
-            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, "partition" => label.clone()).set(*records as f64);
+            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, &labels(partition)).set(*records as f64);
             let seconds = match (records, last.get(partition)) {
                 (0, _) | (_, None) => 0.0,
                 (_, Some(ms)) => (now - ms).max(0) as f64 / 1000.0,
             };
-            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => label).set(seconds);
-            reported.insert(*partition);
+            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, &labels(partition)).set(seconds);
+            reported.insert(partition.clone());
         }
-        for partition in reported.iter().filter(|partition| !assigned.contains(partition)) {
-            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, "partition" => partition.to_string()).set(0.0);
-            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, "partition" => partition.to_string()).set(0.0);
+        for partition in reported.iter().filter(|partition| !assigned.contains(*partition)) {
+            metrics::gauge!(telemetry::PERSIST_LAG_RECORDS, &labels(partition)).set(0.0);
+            metrics::gauge!(telemetry::PERSIST_LAG_SECONDS, &labels(partition)).set(0.0);
         }
         reported.retain(|partition| assigned.contains(partition));
     }
@@ -149,7 +163,8 @@ impl ConsumerContext for PersistContext {
             Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
             Rebalance::Revoke(tpl) => {
                 info!(partitions = tpl.count(), "partitions revoked");
-                self.lag.forget(tpl.elements().iter().map(|element| element.partition()));
+                self.lag
+                    .forget(tpl.elements().iter().map(|element| (element.topic().to_string(), element.partition())));
             }
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
         }
@@ -274,14 +289,17 @@ pub(super) async fn report_lag(consumer: Arc<PersistConsumer>, lag: Arc<LagClock
 pub(super) fn measure_lag(
     consumer: &PersistConsumer,
     clock: &LagClock,
-) -> Option<(std::collections::HashMap<i32, i64>, std::collections::BTreeSet<i32>)> {
+) -> Option<(std::collections::HashMap<TopicPartition, i64>, std::collections::BTreeSet<TopicPartition>)> {
     let timeout = Duration::from_secs(2);
     let mut lag = std::collections::HashMap::new();
     let assignment = consumer.assignment().ok()?;
-    let assigned = assignment.elements().iter().map(|element| element.partition()).collect();
+    let key = |element: &rdkafka::topic_partition_list::TopicPartitionListElem<'_>| {
+        (element.topic().to_string(), element.partition())
+    };
+    let assigned = assignment.elements().iter().map(key).collect();
     let mut unknown = TopicPartitionList::new();
     for element in assignment.elements() {
-        if clock.next_offset(element.partition()).is_none() {
+        if clock.next_offset(&key(&element)).is_none() {
             unknown.add_partition(element.topic(), element.partition());
         }
     }
@@ -290,14 +308,14 @@ pub(super) fn measure_lag(
         let Ok((low, high)) = consumer.fetch_watermarks(element.topic(), element.partition(), timeout) else {
             continue;
         };
-        let position = clock.next_offset(element.partition()).or_else(|| {
+        let position = clock.next_offset(&key(&element)).or_else(|| {
             committed
                 .as_ref()
                 .and_then(|tpl| tpl.find_partition(element.topic(), element.partition()))
                 .and_then(|found| found.offset().to_raw())
                 .filter(|offset| *offset >= 0)
         });
-        lag.insert(element.partition(), (high - position.unwrap_or(low)).max(0));
+        lag.insert(key(&element), (high - position.unwrap_or(low)).max(0));
     }
     Some((lag, assigned))
 }

@@ -323,7 +323,7 @@ pub(super) async fn read_batches<D, C: Source>(
                     partition: message.partition(),
                     offset: message.offset(),
                 };
-                let lane = lane_of(origin.partition, lanes.len());
+                let lane = lane_of(&origin.topic, origin.partition, lanes.len());
                 let bytes = message.payload().map_or(0, <[u8]>::len);
                 let mut parsed = row::parse(message.payload(), origin.clone());
                 if let row::Parsed::Row(row) = &mut parsed
@@ -378,9 +378,12 @@ pub(super) async fn read_batches<D, C: Source>(
     }
 }
 
-/// Which lane (writer) a partition's records go through.
-pub(super) fn lane_of(partition: i32, lanes: usize) -> usize {
-    partition.rem_euclid(lanes as i32) as usize
+/// Which lane (writer) a topic partition's records go through: always the same one (its offsets
+/// are stored in order). The topic counts too: many one-partition topics (a template's) spread
+/// over the writers instead of all taking lane 0.
+pub(super) fn lane_of(topic: &str, partition: i32, lanes: usize) -> usize {
+    let spread = topic.bytes().fold(0u32, |hash, byte| hash.wrapping_mul(31).wrapping_add(u32::from(byte)));
+    (spread.wrapping_add(partition as u32) % lanes.max(1) as u32) as usize
 }
 
 /// One writer: writes the batches handed to it, in order, until its lane is closed (shutdown) or

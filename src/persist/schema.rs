@@ -63,6 +63,20 @@ pub async fn ensure_columns(client: &Client, columns: &super::columns::Columns) 
     if columns.is_empty() {
         return Ok(());
     }
+    ensure_columns_locked(client, columns).await.map_err(|error| match error {
+        // Not a passing condition (no privilege, an index that cannot be built, a name or type
+        // PostgreSQL refuses): retrying would fail for ever while Kafka's retention runs; the
+        // persister stops, saying why. A lock wait that timed out (55P03) is retried.
+        PersistError::Postgres(error)
+            if error.code().is_some_and(|code| code.code().starts_with("42") || code.code().starts_with("54")) =>
+        {
+            PersistError::Migration(format!("persist.columns: {error}"))
+        }
+        other => other,
+    })
+}
+
+async fn ensure_columns_locked(client: &Client, columns: &super::columns::Columns) -> Result<(), PersistError> {
     client.execute("SELECT pg_advisory_lock($1)", &[&DDL_LOCK]).await.map_err(PersistError::Postgres)?;
     let result = async {
         let existing = table_columns(client).await?;
@@ -80,7 +94,16 @@ pub async fn ensure_columns(client: &Client, columns: &super::columns::Columns) 
                 }
                 Some(_) => {}
                 None => {
-                    ddl(client, &format!("ALTER TABLE {TABLE} ADD COLUMN {quoted} {}", column.config.kind.sql())).await?;
+                    // Behind a long query's lock, every write to the table would queue behind this
+                    // one: give up after 30 s (the connect is retried).
+                    ddl(
+                        client,
+                        &format!(
+                            "SET LOCAL lock_timeout = '30s'; ALTER TABLE {TABLE} ADD COLUMN {quoted} {}",
+                            column.config.kind.sql()
+                        ),
+                    )
+                    .await?;
                     info!(column = column.name, kind = column.config.kind.sql(), "typed column added");
                     added = true;
                 }
@@ -90,7 +113,19 @@ pub async fn ensure_columns(client: &Client, columns: &super::columns::Columns) 
                 ddl(client, &format!("CREATE INDEX IF NOT EXISTS {index} ON {TABLE} ({quoted})")).await?;
             }
         }
-        if added {
+        // Rebuilt whenever a column of the table is missing from the view (also after a start
+        // that added the column and stopped before the view).
+        let viewed: Vec<String> = client
+            .query(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = 'logs'::regclass AND attnum > 0 AND NOT attisdropped",
+                &[],
+            )
+            .await
+            .map_err(PersistError::Postgres)?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if added || columns.0.iter().any(|column| !viewed.contains(&column.name)) {
             let extra: Vec<String> = table_columns(client)
                 .await?
                 .into_iter()

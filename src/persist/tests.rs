@@ -88,17 +88,23 @@ fn a_partition_whose_lag_could_not_be_measured_keeps_its_last_figure() {
     let handle = recorder.handle();
     let clock = consumer::LagClock::default();
     metrics::with_local_recorder(&recorder, || {
-        clock.report(&HashMap::from([(0, 500), (1, 700)]), &BTreeSet::from([0, 1]));
+        let t = |partition: i32| ("t".to_string(), partition);
+        clock.report(
+            &HashMap::from([(t(0), 500), (t(1), 700), (("u".to_string(), 0), 300)]),
+            &BTreeSet::from([t(0), t(1), ("u".to_string(), 0)]),
+        );
         // Partition 0 was revoked; partition 1's watermarks did not come this time.
-        clock.report(&HashMap::new(), &BTreeSet::from([1]));
+        clock.report(&HashMap::new(), &BTreeSet::from([t(1), ("u".to_string(), 0)]));
     });
     let text = handle.render();
-    let gauge = |partition: &str| {
-        let series = format!("{}{{partition=\"{partition}\"}} ", crate::telemetry::PERSIST_LAG_RECORDS);
+    let gauge = |topic: &str, partition: &str| {
+        let series =
+            format!("{}{{topic=\"{topic}\",partition=\"{partition}\"}} ", crate::telemetry::PERSIST_LAG_RECORDS);
         text.lines().find_map(|line| line.strip_prefix(series.as_str())).map(str::to_string)
     };
-    assert_eq!(gauge("1").as_deref(), Some("700"), "{text}");
-    assert_eq!(gauge("0").as_deref(), Some("0"), "{text}");
+    assert_eq!(gauge("t", "1").as_deref(), Some("700"), "{text}");
+    assert_eq!(gauge("t", "0").as_deref(), Some("0"), "{text}");
+    assert_eq!(gauge("u", "0").as_deref(), Some("300"), "another topic's partition 0 is its own: {text}");
 }
 
 /// Found by the cold review of the fix above: a partition revoked and later given back measured
@@ -107,7 +113,7 @@ fn a_partition_whose_lag_could_not_be_measured_keeps_its_last_figure() {
 fn a_revoked_partition_forgets_what_this_persister_stored_for_it() {
     let clock = consumer::LagClock::default();
     clock.stored(&std::collections::BTreeMap::from([(("t".to_string(), 0), 100), (("t".to_string(), 1), 200)]));
-    clock.forget([0].into_iter());
-    assert_eq!(clock.next_offset(0), None, "measured from the group's commit once given back");
-    assert_eq!(clock.next_offset(1), Some(200));
+    clock.forget([("t".to_string(), 0)].into_iter());
+    assert_eq!(clock.next_offset(&("t".to_string(), 0)), None, "measured from the group's commit once given back");
+    assert_eq!(clock.next_offset(&("t".to_string(), 1)), Some(200));
 }

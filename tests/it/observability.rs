@@ -45,6 +45,12 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
             // Its series exist only where an `otlp` listener does; Unix socket only.
             config.add_listener("otlp", "otlp");
             config.listener("otlp", "addresses", toml::Value::Array(Vec::new()));
+            // Masking and a typed column, whose series exist only when configured.
+            let redact: toml::Table =
+                toml::from_str(r#"rules = [{ name = "email", preset = "email" }]"#).expect("redact");
+            config.set("ingest", "redact", toml::Value::Table(redact));
+            let columns: toml::Table = toml::from_str(r#"n = { pointer = "/n", type = "bigint" }"#).expect("columns");
+            config.set("persist", "columns", toml::Value::Table(columns));
         })
         .pipeline()
         .await;

@@ -39,6 +39,10 @@ async fn a_topic_template_routes_each_record_and_the_persister_reads_them_by_pat
         .set("kafka", "default_topic", format!("{base}.other"))
         .set("kafka", "max_topics", 2)
         .persist_property("topic.metadata.refresh.interval.ms", "1000");
+    // A templated topic's producer does not create topics unless told to.
+    let mut create = toml::Table::new();
+    create.insert("allow.auto.create.topics".into(), "true".into());
+    setup.config.set("ship", "properties", toml::Value::Table(create));
     let _persister = setup.persister().await;
     let agent = setup.agent().await;
     let db = setup.db().await;
