@@ -387,7 +387,7 @@ impl Bench {
 
     /// The benchmark's persister: `topic` into `schema` (also its group).
     /// The persister's config; with `columns`, five typed columns over the benchmark's records
-    /// (`level` text, `conn` and `n` bigint, `n` again as double precision, a `ts` timestamptz
+    /// (`log_level` text from `level`, `conn` and `n` bigint, `n` again as double precision, a `ts` timestamptz
     /// that no record has: NULL).
     fn persister_config(&self, topic: &str, schema: &str, columns: bool) -> TestConfig {
         let mut config = TestConfig::empty_in(self.work.path(), "persist.");
@@ -404,7 +404,7 @@ impl Bench {
         if columns {
             let typed: toml::Table = toml::from_str(
                 r#"
-                level = { pointer = "/level", type = "text" }
+                log_level = { pointer = "/level", type = "text" }
                 conn = { pointer = "/conn", type = "bigint" }
                 n = { pointer = "/n", type = "bigint" }
                 n_double = { pointer = "/n", type = "double precision" }
