@@ -191,16 +191,7 @@ impl fmt::Display for Template {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pod() -> PodMetadata {
-        PodMetadata {
-            name: Some("web-1".into()),
-            namespace: Some("shop".into()),
-            container: None,
-            node: None,
-            info: Default::default(),
-        }
-    }
+    use crate::test_support::pod;
 
     #[test]
     fn renders_pod_fields_record_fields_and_literals() {

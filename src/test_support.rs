@@ -1,7 +1,7 @@
 //! What the crate's own tests share (compiled for tests only).
 //!
-//! Owns: the property tests' configuration, and the source-tree walk of the tests that read
-//! the code itself. Must not: be used by the product.
+//! Owns: the property tests' configuration, the source-tree walk of the tests that read the code
+//! itself, and small fixtures several modules' tests build records from. Must not: be used by the product.
 
 use proptest::test_runner::{Config, RngSeed};
 
@@ -49,5 +49,17 @@ pub(crate) fn prop_config(default_cases: u32) -> Config {
         rng_seed: RngSeed::Fixed(from_env("SLUICE_PROP_SEED").unwrap_or(12)),
         failure_persistence: None,
         ..Config::default()
+    }
+}
+
+/// A pod as the Downward API describes one: `web-1` in namespace `shop`, no container, node,
+/// labels or annotations.
+pub(crate) fn pod() -> crate::envelope::PodMetadata {
+    crate::envelope::PodMetadata {
+        name: Some("web-1".into()),
+        namespace: Some("shop".into()),
+        container: None,
+        node: None,
+        info: Default::default(),
     }
 }

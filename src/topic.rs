@@ -235,6 +235,7 @@ impl Topics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::pod;
 
     fn kafka(topic: &str, max_topics: usize) -> KafkaConfig {
         KafkaConfig {
@@ -242,16 +243,6 @@ mod tests {
             default_topic: Some("logs.other".into()),
             max_topics,
             ..KafkaConfig::default()
-        }
-    }
-
-    fn pod() -> PodMetadata {
-        PodMetadata {
-            name: Some("web-1".into()),
-            namespace: Some("shop".into()),
-            container: None,
-            node: None,
-            info: Default::default(),
         }
     }
 

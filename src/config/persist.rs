@@ -121,7 +121,9 @@ impl ColumnType {
     }
 }
 
-/// The columns every row has (`log_rows` and the view `logs`): a typed column may not take one's name.
+/// The columns every row has (`log_rows` and the view `logs`), in the view's order as the migrations
+/// made it (typed columns rebuild the view from this list and can only add after it); a typed column
+/// may not take one's name.
 pub const BASE_COLUMNS: &[&str] = &[
     "agent",
     "seq",

@@ -126,23 +126,12 @@ async fn ensure_columns_locked(client: &Client, columns: &super::columns::Column
             .map(|row| row.get(0))
             .collect();
         if added || columns.0.iter().any(|column| !viewed.contains(&column.name)) {
-            let extra: Vec<String> = table_columns(client)
+            let extra = table_columns(client)
                 .await?
                 .into_iter()
                 .filter(|(name, _)| !crate::config::BASE_COLUMNS.contains(&name.as_str()))
-                .map(|(name, _)| quote_identifier(&name))
-                .collect();
-            ddl(
-                client,
-                &format!(
-                    "CREATE OR REPLACE VIEW logs AS SELECT agent, seq, ingest_time, event_time, level, \
-                     coalesce(message, log_message(record)) AS message, format, pod_name, pod_namespace, \
-                     container_name, node_name, peer_pid, peer_uid, peer_gid, record, kafka_topic, \
-                     kafka_partition, kafka_offset, pod_labels, pod_annotations, {} FROM {TABLE}",
-                    extra.join(", ")
-                ),
-            )
-            .await?;
+                .map(|(name, _)| quote_identifier(&name));
+            ddl(client, &format!("CREATE OR REPLACE VIEW logs AS SELECT {} FROM {TABLE}", view_select_list(extra).join(", "))).await?;
             if client.query_one("SHOW server_version_num", &[]).await.map_err(PersistError::Postgres)?.get::<_, String>(0).parse::<i32>().unwrap_or(0) >= 150000 {
                 ddl(client, "ALTER VIEW logs SET (security_invoker = true)").await?;
             }
@@ -152,6 +141,19 @@ async fn ensure_columns_locked(client: &Client, columns: &super::columns::Column
     .await;
     client.execute("SELECT pg_advisory_unlock($1)", &[&DDL_LOCK]).await.map_err(PersistError::Postgres)?;
     result
+}
+
+/// The view `logs`'s select list: the base columns in the order the migrations gave them (the
+/// message read from the record when the row does not store it, migration V3), then `extra`.
+fn view_select_list(extra: impl Iterator<Item = String>) -> Vec<String> {
+    crate::config::BASE_COLUMNS
+        .iter()
+        .map(|&name| match name {
+            "message" => "coalesce(message, log_message(record)) AS message".to_string(),
+            name => name.to_string(),
+        })
+        .chain(extra)
+        .collect()
 }
 
 /// `log_rows`'s columns in order, each with its type as `format_type` writes it.

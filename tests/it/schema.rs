@@ -170,14 +170,7 @@ async fn the_v3_upgrade_keeps_every_stored_row_as_it_was_and_rewrites_none() {
         .await
         .expect("V2 rows without a message");
     // A role that could read the table before the upgrade (a dashboard's).
-    let reader = format!("{}_reader", config.schema);
-    client
-        .batch_execute(&format!(
-            "CREATE ROLE {reader}; GRANT USAGE ON SCHEMA {schema} TO {reader}; GRANT SELECT ON logs TO {reader}",
-            schema = config.schema
-        ))
-        .await
-        .expect("a reader");
+    let reader = Reader::create(&client, &config.schema, "logs").await;
     let relfilenodes = "SELECT string_agg(relfilenode::text, ',' ORDER BY relname) FROM pg_class \
                         WHERE relname LIKE 'logs_20%' AND relnamespace = current_schema()::regnamespace";
     let before: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
@@ -202,13 +195,10 @@ async fn the_v3_upgrade_keeps_every_stored_row_as_it_was_and_rewrites_none() {
         .expect("logs")
         .get(0);
     assert_eq!(relkind, "v", "logs is the view");
-    let read_by_reader =
-        client.batch_execute(&format!("SET ROLE {reader}; SELECT count(*) FROM logs; RESET ROLE")).await;
-    client
-        .batch_execute(&format!("RESET ROLE; DROP OWNED BY {reader}; DROP ROLE {reader}"))
+    reader
+        .query_then_drop(&client, "SELECT count(*) FROM logs")
         .await
-        .expect("drop the reader");
-    read_by_reader.expect("a role that read the table reads the view");
+        .expect("a role that read the table reads the view");
     assert_eq!(partitions(&client).await, vec![schema::partition_name(old), schema::partition_name(today)]);
     let dropped = schema::apply_retention(&client, today, 14).await.expect("retention after the upgrade");
     assert_eq!(dropped, vec![schema::partition_name(old)]);
@@ -231,14 +221,7 @@ async fn the_v4_upgrade_adds_pod_labels_beside_rows_already_stored_and_rewrites_
         )
         .await
         .expect("V3 rows");
-    let reader = format!("{}_reader", config.schema);
-    client
-        .batch_execute(&format!(
-            "CREATE ROLE {reader}; GRANT USAGE ON SCHEMA {schema} TO {reader}; GRANT SELECT ON logs, log_rows TO {reader}",
-            schema = config.schema
-        ))
-        .await
-        .expect("a reader");
+    let reader = Reader::create(&client, &config.schema, "logs, log_rows").await;
     let relfilenodes = "SELECT string_agg(relfilenode::text, ',' ORDER BY relname) FROM pg_class \
                         WHERE relname LIKE 'logs_20%' AND relnamespace = current_schema()::regnamespace";
     let before: String = client.query_one(relfilenodes, &[]).await.expect("files").get(0);
@@ -259,14 +242,36 @@ async fn the_v4_upgrade_adds_pod_labels_beside_rows_already_stored_and_rewrites_
         )
         .await
         .expect("a new row");
-    let read_by_reader = client
-        .batch_execute(&format!(
-            "SET ROLE {reader}; SELECT pod_labels->>'app' FROM logs WHERE pod_labels @> '{{\"app\":\"web\"}}'; RESET ROLE"
-        ))
-        .await;
-    client
-        .batch_execute(&format!("RESET ROLE; DROP OWNED BY {reader}; DROP ROLE {reader}"))
+    reader
+        .query_then_drop(&client, r#"SELECT pod_labels->>'app' FROM logs WHERE pod_labels @> '{"app":"web"}'"#)
         .await
-        .expect("drop the reader");
-    read_by_reader.expect("a role that read the view reads its new columns");
+        .expect("a role that read the view reads its new columns");
+}
+
+/// A role that only reads (a dashboard's), granted SELECT on `tables` of the test's schema before
+/// an upgrade: what it could read, it must still read after.
+struct Reader(String);
+
+impl Reader {
+    async fn create(client: &tokio_postgres::Client, schema: &str, tables: &str) -> Self {
+        let reader = format!("{schema}_reader");
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {reader}; GRANT USAGE ON SCHEMA {schema} TO {reader}; GRANT SELECT ON {tables} TO {reader}"
+            ))
+            .await
+            .expect("a reader");
+        Self(reader)
+    }
+
+    /// Runs `query` as the reader, then drops the role whatever the query gave.
+    async fn query_then_drop(self, client: &tokio_postgres::Client, query: &str) -> Result<(), tokio_postgres::Error> {
+        let reader = self.0;
+        let read = client.batch_execute(&format!("SET ROLE {reader}; {query}; RESET ROLE")).await;
+        client
+            .batch_execute(&format!("RESET ROLE; DROP OWNED BY {reader}; DROP ROLE {reader}"))
+            .await
+            .expect("drop the reader");
+        read
+    }
 }
