@@ -42,6 +42,10 @@ pub struct Redactor {
     any: RegexSet,
     /// Whether any rule is a pattern (string values are then looked at).
     patterns: bool,
+    /// Whether some pattern asserts where a text or line starts or ends (`^`, `$`, `\A`, `\z`):
+    /// the quick test reads the whole record, whose start is not a value's, and could miss a
+    /// value such a pattern matches alone. Every JSON record is then walked.
+    anchored: bool,
 }
 
 /// Why a record cannot be shipped masked.
@@ -93,6 +97,19 @@ pub fn check(config: &RedactConfig) -> Result<(), regex::Error> {
     regex::RegexSetBuilder::new(quick_patterns(config)).size_limit(QUICK_SET_LIMIT).build().map(drop)
 }
 
+/// Whether `pattern` asserts where a text or line starts or ends (a word boundary reads the same
+/// in a value as in the record around it: a quote is not a word character). A pattern that does
+/// not parse is taken as anchored (it does not compile either).
+fn anchored(pattern: &str) -> bool {
+    use regex_syntax::hir::Look;
+    regex_syntax::parse(pattern).map_or(true, |hir| {
+        let looks = hir.properties().look_set();
+        [Look::Start, Look::End, Look::StartLF, Look::EndLF, Look::StartCRLF, Look::EndCRLF]
+            .into_iter()
+            .any(|look| looks.contains(look))
+    })
+}
+
 /// How large the compiled quick test may be.
 const QUICK_SET_LIMIT: usize = 1 << 22;
 
@@ -121,8 +138,9 @@ impl Redactor {
             counters.push(counter);
         }
         let patterns = rules.iter().any(|rule| matches!(rule, Rule::Pattern { .. }));
+        let anchored = config.rules.iter().filter_map(|rule| rule.regex.as_deref()).any(anchored);
         let any = regex::RegexSetBuilder::new(quick_patterns(config)).size_limit(QUICK_SET_LIMIT).build()?;
-        Ok(Self { mask: config.mask.clone(), rules, counters, any, patterns })
+        Ok(Self { mask: config.mask.clone(), rules, counters, any, patterns, anchored })
     }
 
     /// Masks `record` into `out` (cleared first): `Ok(true)` if anything was masked (then `out`
@@ -131,17 +149,17 @@ impl Redactor {
     pub fn apply(&self, record: &str, out: &mut String, limit: usize) -> Result<bool, Unmasked> {
         out.clear();
         // The quick test reads the bytes as written; an escape (`\/`, `\u0040`, a key spelled
-        // with one) can hide a match from it, so a record with a backslash is always walked.
-        if !record.contains('\\') && !self.any.is_match(record) {
+        // with one) can hide a match from it, so a record with a backslash is always walked, and
+        // so is every JSON record when a pattern is anchored (a text record is matched whole, as
+        // the quick test reads it).
+        let json = crate::envelope::is_json_object(record);
+        let walk = record.contains('\\') || (json && self.anchored);
+        if !walk && !self.any.is_match(record) {
             return Ok(false);
         }
         // JSON as the envelope tells it (it parses): a `{…}` that is not JSON (a Python dict, a
         // Java map's toString) is text, and every pattern applies to all of it.
-        if crate::envelope::is_json_object(record) {
-            self.json(record, out, limit)
-        } else {
-            self.text(record, out, limit)
-        }
+        if json { self.json(record, out, limit) } else { self.text(record, out, limit) }
     }
 
     /// A text record: every pattern's matches masked.
@@ -554,6 +572,23 @@ mod tests {
         let record = format!("{{{}\"x\":0}}", r#""password":1,"#.repeat(100));
         let mut out = String::new();
         assert_eq!(redactor().apply(&record, &mut out, record.len() + 10), Err(Unmasked::TooLarge));
+    }
+
+    #[test]
+    fn an_anchored_pattern_masks_a_whole_value_though_the_record_does_not_start_with_it() {
+        let config = RedactConfig {
+            mask: "[REDACTED]".into(),
+            rules: vec![RedactRule { regex: Some(r"^\d{3}-\d{2}-\d{4}$".into()), ..rule("ssn") }],
+        };
+        let redactor = Redactor::new(&config, "test").expect("compiles");
+        let mut out = String::new();
+        assert!(redactor.apply(r#"{"ssn":"123-45-6789","n":1}"#, &mut out, 1 << 20).expect("within"));
+        assert_eq!(out, r#"{"ssn":"[REDACTED]","n":1}"#);
+        assert!(!redactor.apply(r#"{"note":"call 123-45-6789 now"}"#, &mut out, 1 << 20).expect("within"));
+        assert!(redactor.apply("123-45-6789", &mut out, 1 << 20).expect("within"), "a text record whole");
+        assert!(!redactor.apply("ssn 123-45-6789", &mut out, 1 << 20).expect("within"));
+        assert!(!anchored(r"(?-u:\b)eyJ[a-z]+"), "a word boundary is not an anchor");
+        assert!(anchored(r"(?m)^secret") && anchored(r"\Atoken\z"));
     }
 
     #[test]
