@@ -59,7 +59,19 @@ impl Columns {
         if self.0.is_empty() {
             return Vec::new();
         }
-        let parsed = record.and_then(|record| serde_json::from_str::<Value>(record).ok());
+        let parsed = match record.map(serde_json::from_str::<Value>) {
+            None => None,
+            Some(Ok(parsed)) => Some(parsed),
+            // JSON the agent passed and the database stores that cannot be read here (a number
+            // past f64's range, nesting past serde_json's 128 levels): no column can be read,
+            // each is NULL and counted.
+            Some(Err(_)) => {
+                for column in &self.0 {
+                    column.unconvertible.increment(1);
+                }
+                return vec![None; self.0.len()];
+            }
+        };
         self.0
             .iter()
             .map(|column| {
@@ -191,6 +203,28 @@ mod tests {
     }
 
     /// Cold review (issue 32): a long value in an indexed column failed its row's insert.
+    #[test]
+    fn a_record_that_cannot_be_read_here_leaves_every_column_null_and_counts_each() {
+        let config: std::collections::BTreeMap<String, ColumnConfig> = toml::from_str(
+            r#"
+            user_id = { pointer = "/user/id", type = "bigint" }
+            x = { pointer = "/x", type = "double precision" }
+            "#,
+        )
+        .expect("columns");
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let columns = Columns::new(&config);
+            assert_eq!(columns.values(Some(r#"{"user":{"id":7},"x":1e400}"#)), vec![None, None]);
+        });
+        let text = handle.render();
+        for column in ["user_id", "x"] {
+            let line = format!("{}{{column=\"{column}\"}} 1", telemetry::PERSIST_UNCONVERTIBLE);
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+    }
+
     #[test]
     fn a_value_too_long_for_its_index_is_null() {
         let config: std::collections::BTreeMap<String, ColumnConfig> =

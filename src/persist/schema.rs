@@ -110,7 +110,22 @@ async fn ensure_columns_locked(client: &Client, columns: &super::columns::Column
             }
             if column.config.index {
                 let index = quote_identifier(&format!("{TABLE}_{}_idx", column.name));
-                ddl(client, &format!("CREATE INDEX IF NOT EXISTS {index} ON {TABLE} ({quoted})")).await?;
+                // Looked up first: `CREATE INDEX IF NOT EXISTS` locks the table and every
+                // partition before it finds the index, and this runs on every writer's connect —
+                // behind a VACUUM's lock it would wait, and every COPY behind it. A missing index
+                // gives up after 30 s, like the column.
+                let exists: bool = client
+                    .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&index])
+                    .await
+                    .map_err(PersistError::Postgres)?
+                    .get(0);
+                if !exists {
+                    ddl(
+                        client,
+                        &format!("SET LOCAL lock_timeout = '30s'; CREATE INDEX IF NOT EXISTS {index} ON {TABLE} ({quoted})"),
+                    )
+                    .await?;
+                }
             }
         }
         // Rebuilt whenever a column of the table is missing from the view (also after a start

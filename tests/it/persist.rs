@@ -596,6 +596,17 @@ async fn typed_columns_are_added_beside_stored_rows_and_filled_or_left_null_and_
     assert_eq!(indexed, 1);
     drop(second);
 
+    // A persister that starts (or reconnects) while a VACUUM holds the table finds the column and
+    // its index there, and writes: it does not queue for a lock behind the VACUUM, with every
+    // COPY behind it.
+    let vacuum = setup.db().await;
+    vacuum.batch_execute("BEGIN; LOCK TABLE log_rows IN SHARE UPDATE EXCLUSIVE MODE").await.expect("a VACUUM's lock");
+    let third = setup.persister().await;
+    produce_to(&setup, &[envelope("00000000000000000000000000000001-5", &now, r#"{"user":{"id":5}}"#)]).await;
+    until_rows(&db, 5).await;
+    vacuum.batch_execute("COMMIT").await.expect("the VACUUM ends");
+    drop(third);
+
     // The same name with another type: the persister stops and says which key.
     let mut columns = columns.as_table().expect("table").clone();
     columns.insert(
