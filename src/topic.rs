@@ -39,9 +39,12 @@ pub struct Route {
 
 #[derive(Debug)]
 enum Kind {
-    /// Every record to one topic (a plain `kafka.topic`, or a template of pod fields only, rendered
-    /// once); with a reason when that is the default topic because the template could not render.
+    /// Every record to one topic (a plain `kafka.topic`, or a template of pod fields only that
+    /// could not render: the default topic, with the reason).
     Fixed(Topic, Option<Defaulted>),
+    /// Every record to the topic a template of pod fields only rendered once, unless the broker
+    /// does not know it (then the default topic for [`UNKNOWN_FOR`], as a per-record template's).
+    Pod(Known),
     /// Rendered per record.
     Template { template: Template, pod: Box<PodMetadata>, max_topics: usize, known: RwLock<HashMap<Box<str>, Known>> },
 }
@@ -69,7 +72,7 @@ impl Route {
                     warn!(template = %template, topic = %name, default = %default, "kafka.topic renders a name Kafka refuses for this pod; every record goes to kafka.default_topic");
                     Kind::Fixed(default.clone(), Some(Defaulted::InvalidTopic))
                 } else {
-                    Kind::Fixed(Topic::from(name), None)
+                    Kind::Pod(Known { topic: Topic::from(name), unknown_until: AtomicU64::new(0) })
                 }
             }
             Some(Ok(template)) => Kind::Template {
@@ -94,6 +97,7 @@ impl Route {
     pub fn route(&self, record: &str, scratch: &mut String) -> (Topic, Option<Defaulted>) {
         let (template, pod, max_topics, known) = match &self.kind {
             Kind::Fixed(topic, why) => return (topic.clone(), *why),
+            Kind::Pod(known) => return known.route(now_ms(), &self.default),
             Kind::Template { template, pod, max_topics, known } => (template, pod, *max_topics, known),
         };
         if !template.render(pod, record, scratch) {
@@ -128,7 +132,7 @@ impl Route {
     /// How many topics it routes to.
     pub fn topics(&self) -> usize {
         match &self.kind {
-            Kind::Fixed(..) => 1,
+            Kind::Fixed(..) | Kind::Pod(_) => 1,
             Kind::Template { known, .. } => known.read().unwrap_or_else(|poisoned| poisoned.into_inner()).len(),
         }
     }
@@ -136,19 +140,29 @@ impl Route {
     /// The broker does not know `topic`: records routed to it go to the default topic for
     /// [`UNKNOWN_FOR`].
     fn unknown(&self, topic: &str) {
-        if let Kind::Template { known, .. } = &self.kind
-            && let Some(entry) = known.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(topic)
-        {
-            let now = now_ms();
-            // Logged once per topic and minute, not per record.
-            if entry.unknown_until.swap(now + UNKNOWN_FOR.as_millis() as u64, Ordering::Relaxed) <= now {
-                warn!(topic, default = %self.default, "kafka does not know the topic; its records go to kafka.default_topic for a minute, counted unknown_topic");
+        match &self.kind {
+            Kind::Fixed(..) => {}
+            Kind::Pod(known) if &*known.topic == topic => known.unknown(topic, &self.default),
+            Kind::Pod(_) => {}
+            Kind::Template { known, .. } => {
+                if let Some(entry) = known.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(topic) {
+                    entry.unknown(topic, &self.default);
+                }
             }
         }
     }
 }
 
 impl Known {
+    /// The broker does not know it: the default topic takes its place for [`UNKNOWN_FOR`].
+    fn unknown(&self, topic: &str, default: &Topic) {
+        let now = now_ms();
+        // Logged once per topic and minute, not per record.
+        if self.unknown_until.swap(now + UNKNOWN_FOR.as_millis() as u64, Ordering::Relaxed) <= now {
+            warn!(topic, default = %default, "kafka does not know the topic; its records go to kafka.default_topic for a minute, counted unknown_topic");
+        }
+    }
+
     fn route(&self, now: u64, default: &Topic) -> (Topic, Option<Defaulted>) {
         if self.unknown_until.load(Ordering::Relaxed) > now {
             (default.clone(), Some(Defaulted::UnknownTopic))
@@ -305,6 +319,20 @@ mod tests {
             (Topic::from("logs.other"), Some(Defaulted::UnknownTopic))
         );
         assert_eq!(topics.unknown("logs.other"), None, "the default topic has nowhere else to go");
+    }
+
+    #[test]
+    fn a_pod_only_templates_unknown_topic_goes_to_the_default_topic_for_a_while_too() {
+        let topics = Topics::new(&kafka("logs.{pod.namespace}", 8), &pod());
+        let mut cached = None;
+        let mut scratch = String::new();
+        assert_eq!(topics.current(&mut cached).route("x", &mut scratch), (Topic::from("logs.shop"), None));
+        assert_eq!(topics.unknown("logs.shop"), Some(Topic::from("logs.other")));
+        assert_eq!(
+            topics.current(&mut cached).route("x", &mut scratch),
+            (Topic::from("logs.other"), Some(Defaulted::UnknownTopic)),
+            "the next records go to the default topic at once, not each sent twice"
+        );
     }
 
     #[test]

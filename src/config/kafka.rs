@@ -153,13 +153,13 @@ impl KafkaConfig {
             Some(Err(error)) => return Err(at.invalid("topic", format!("not a template: {error}"))),
             Some(Ok(template)) => {
                 match template.pattern_parts().next() {
-                    Some(Some(prefix)) if !prefix.starts_with("__") => {}
+                    Some(Some(prefix)) if !prefix.starts_with('_') => {}
                     _ => {
                         return Err(at.invalid(
                             "topic",
-                            "a template must begin with literal text (\"logs.{record.service}\"), not `__`: records \
-                             cannot then be routed into other applications' topics or Kafka's own, and the persister's \
-                             pattern stays within yours",
+                            "a template must begin with literal text (\"logs.{record.service}\"), not `_`: a record is \
+                             then routed only to topics that begin with that text, never to Kafka's own (`__…`) or \
+                             those tools keep (`_schemas`, `_confluent-…`), and the persister's pattern stays within yours",
                         ));
                     }
                 }

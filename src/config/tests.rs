@@ -235,6 +235,7 @@ fn a_templated_topic_needs_a_default_topic_and_names_kafka_can_take() {
     // Cold review: a template without a literal prefix could route into any topic.
     assert_eq!(invalid_key("[kafka]\ntopic = \"{record.t}\"\ndefault_topic = \"logs\"\n"), "kafka.topic");
     assert_eq!(invalid_key("[kafka]\ntopic = \"__{record.t}\"\ndefault_topic = \"logs\"\n"), "kafka.topic");
+    assert_eq!(invalid_key("[kafka]\ntopic = \"_{record.t}\"\ndefault_topic = \"logs\"\n"), "kafka.topic");
     let config = Config::from_toml(&format!("{template}default_topic = \"logs.other\"\n")).expect("valid");
     assert_eq!(config.subscriptions(), vec!["^logs\\..*$".to_string(), "logs.other".to_string()]);
     assert_eq!(Config::default().subscriptions(), vec!["sluice-logs".to_string()]);
