@@ -13,6 +13,11 @@
 //! (OTLP is acknowledged mode). The clients are written here (HTTP/1.1 by hand, gRPC over the h2
 //! crate) so the benchmark adds no feature to what the agent is built with.
 //!
+//! With `SLUICE_BENCH_OTELCOL` (the OpenTelemetry Collector `scripts/bench-otlp` builds), one more
+//! phase: the same OTLP/gRPC Exports into the Collector's `otlp` receiver → `batch` → contrib's
+//! `kafka` exporter (`raw` encoding: one Kafka message per record, as the agent sends; acks all,
+//! zstd, as the agent), timed until its topic holds every record, CPU from its process.
+//!
 //! Owns: that table's scenario. Must not: print anything but the figures (stdout).
 
 use std::net::SocketAddr;
@@ -298,7 +303,97 @@ pub async fn measure(services: &Services, settings: &Settings) -> Result<Vec<Pha
     phases.push(phase("otlp/http", pid, admin, records, otlp_load(false, address, records, settings.batch)).await?);
     phases.push(phase("otlp/grpc", pid, admin, records, otlp_load(true, address, records, settings.batch)).await?);
     agent.stop(Duration::from_secs(30)).await;
+    if let Ok(binary) = std::env::var("SLUICE_BENCH_OTELCOL") {
+        phases.push(otelcol_phase(&binary, services, settings).await?);
+    }
     Ok(phases)
+}
+
+/// Messages in `topic` now (high minus low watermark, every partition).
+fn messages_in(brokers: &str, topic: &str) -> u64 {
+    use rdkafka::consumer::Consumer as _;
+    let Ok(consumer) =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create::<rdkafka::consumer::BaseConsumer>()
+    else {
+        return 0;
+    };
+    let Ok(metadata) = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) else { return 0 };
+    metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions())
+        .filter_map(|partition| consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10)).ok())
+        .map(|(low, high)| u64::try_from(high - low).unwrap_or(0))
+        .sum()
+}
+
+/// The OpenTelemetry Collector at `binary` under the OTLP/gRPC load: records/s until its topic
+/// holds every record, and its CPU.
+async fn otelcol_phase(binary: &str, services: &Services, settings: &Settings) -> Result<Phase, RunError> {
+    let dir = tempfile::tempdir().map_err(failed)?;
+    let topic = format!("bench-otelcol-{}", now() as u64);
+    let address = SocketAddr::from(([127, 0, 0, 1], crate::free_port()));
+    let config = format!(
+        r#"receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: {address}
+processors:
+  batch: {{}}
+exporters:
+  kafka:
+    brokers: ["{brokers}"]
+    logs:
+      topic: {topic}
+      encoding: raw
+    producer:
+      required_acks: -1
+      compression: zstd
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    logs:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [kafka]
+"#,
+        brokers = services.kafka
+    );
+    let path = dir.path().join("otelcol.yaml");
+    std::fs::write(&path, config).map_err(failed)?;
+    let mut command = std::process::Command::new(binary);
+    command.arg("--config").arg(&path);
+    let mut collector = crate::Process::start("otelcol", command, dir.path());
+    let deadline = now() + 60.0;
+    while tokio::net::TcpStream::connect(address).await.is_err() {
+        if now() > deadline || !collector.running() {
+            return Err(failed(format!("the Collector did not listen on {address}: {}", collector.log_tail(20))));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = collector.pid();
+    let records = settings.records;
+    let (ticks, started) = (cpu_ticks(pid), now());
+    otlp_load(true, address, records, settings.batch).await?;
+    let deadline = now() + 300.0;
+    loop {
+        let (brokers, name) = (services.kafka.clone(), topic.clone());
+        let stored = tokio::task::spawn_blocking(move || messages_in(&brokers, &name)).await.map_err(failed)?;
+        if stored >= records {
+            break;
+        }
+        if now() > deadline {
+            return Err(failed(format!("the Collector stored {stored} of {records} records within 300 s")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seconds = now() - started;
+    let phase = Phase { protocol: "otelcol otlp/grpc → kafka", records, seconds, cpu_ticks: cpu_ticks(pid) - ticks };
+    collector.stop(Duration::from_secs(30)).await;
+    Ok(phase)
 }
 
 /// Runs the table against the stack's broker at `services`, printing it.
@@ -308,6 +403,11 @@ pub async fn run(settings: &Settings, services: &Services) -> Result<(), RunErro
          ~256 B each; OTLP in Exports of {} records, {SENDERS} in flight",
         services.kafka, settings.records, settings.batch
     ));
+    if std::env::var_os("SLUICE_BENCH_OTELCOL").is_none() {
+        say(
+            "# (the OpenTelemetry Collector is not measured: SLUICE_BENCH_OTELCOL is not set; scripts/bench-otlp builds it)",
+        );
+    }
     say("| protocol | records/s | agent CPU µs/record | seconds | CPU ticks |");
     say("| --- | --- | --- | --- | --- |");
     for phase in measure(services, settings).await? {
