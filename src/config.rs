@@ -258,15 +258,36 @@ fn describe(error: &figment::Error) -> String {
                 }
                 _ => String::new(),
             };
-            if key.is_empty() {
-                format!("{}{origin}", error.kind)
-            } else {
-                format!("key `{key}`: {}{origin}", error.kind)
-            }
+            let kind = match &error.kind {
+                figment::error::Kind::InvalidType(found, expected) => {
+                    format!("invalid type: found {found}, expected {}", in_words(expected))
+                }
+                figment::error::Kind::InvalidValue(found, expected) => {
+                    format!("invalid value {found}, expected {}", in_words(expected))
+                }
+                kind => kind.to_string(),
+            };
+            if key.is_empty() { format!("{kind}{origin}") } else { format!("key `{key}`: {kind}{origin}") }
         })
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// What a key takes, in the config's words: serde names the Rust type (`usize`, `f64`) and
+/// bytesize says "parsable string".
+fn in_words(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number, 0 or more".into(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "parsable string" => SIZE_IN_WORDS.into(),
+        other => other.into(),
+    }
+}
+
+/// How a size is written (bytesize's reading, which `check-config` shows).
+pub const SIZE_IN_WORDS: &str = "a size: bytes as a number, or text such as \"64 MiB\" (KiB, MiB, GiB: \
+                                 powers of 1024; KB, MB, GB: powers of 1000, so \"64MB\" is 61.0 MiB)";
 
 /// Which process a config runs: each reads only its own sections, and says which it is in
 /// `sluice_build_info{role}`.

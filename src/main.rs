@@ -13,12 +13,28 @@ use clap::{Parser, Subcommand};
 use sluice::client;
 use sluice::config::Role;
 
-/// Exit code for bad usage or configuration (EX_USAGE).
+/// Exit code for input `inject` refuses (EX_USAGE).
 const EXIT_USAGE: u8 = 64;
+/// Exit code for a config error: the file, a key or an environment override (EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
+
+/// The exit codes, for `--help` (sysexits.h's where one fits).
+const EXIT_CODES: &str = "Exit codes:
+  0    done; for agent and persist: drained and stopped on SIGTERM or SIGINT
+  1    a failure at run time (the message says which)
+  2    the command line is wrong (an unknown option, a missing argument)
+  64   inject refused its input (EX_USAGE)
+  78   the config is wrong: file, key or environment override, named on stderr (EX_CONFIG)
+  130  a second signal cut the drain short";
 
 mod cli;
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Per-pod sidecar log shipper: socket -> Kafka -> PostgreSQL")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Per-pod sidecar log shipper: socket -> Kafka -> PostgreSQL",
+    after_help = EXIT_CODES
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -122,8 +138,7 @@ fn main() -> ExitCode {
         Command::Persist { config } => cli::serve::serve(&config, Role::Persist),
         Command::Status { admin, interval } => report(runtime().and_then(|rt| {
             rt.block_on(async {
-                print!("{}", sluice::status::status(admin, interval).await?);
-                Ok(())
+                cli::print(&sluice::status::status(admin, interval).await?).context("writing to stdout")
             })
         })),
         Command::Inject { file, config_map, image, no_native, app_container, buffer, spool_size_limit } => {
@@ -141,10 +156,7 @@ fn main() -> ExitCode {
                 None => std::io::read_to_string(std::io::stdin()).context("reading stdin"),
             };
             match input.and_then(|text| sluice::inject::inject(&text, &options).map_err(anyhow::Error::from)) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
+                Ok(out) => report(cli::print(&out).context("writing to stdout")),
                 Err(error) => {
                     eprintln!("sluice inject: {error:#}");
                     ExitCode::from(EXIT_USAGE)

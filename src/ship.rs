@@ -211,7 +211,7 @@ impl rdkafka::producer::ProducerContext for Unheard {
 /// (config validation does that one by one) and how they go together only when a client is made
 /// (`max.in.flight` above 5 or `retries = 0` with idempotence, a SASL mechanism this build lacks,
 /// ...): a config the agent cannot run is refused before it runs — at start, naming the maps
-/// (exit 64), and at a reload, whole (it was reported applied, and every producer made with it
+/// (exit 78), and at a reload, whole (it was reported applied, and every producer made with it
 /// failed). A few milliseconds. Properties naming files (certificates, keys, keytabs, plugins)
 /// are left out: `check-config` runs where the pod's files are not (CI), and the agent reads them
 /// when it makes its producer.

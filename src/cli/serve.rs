@@ -13,7 +13,7 @@ use sluice::config::{Config, Role};
 use sluice::shutdown::Shutdown;
 use sluice::{agent, persist, telemetry};
 
-use super::super::{EXIT_USAGE, runtime};
+use super::super::{EXIT_CONFIG, runtime};
 
 /// Exit code when a second signal cut the drain short (128 + SIGINT).
 const EXIT_FORCED: u8 = 130;
@@ -44,14 +44,23 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
     match load(file, None) {
         Ok(config) => {
             // A TOML comment, so the output stays a config file.
-            println!("# postgres TLS: {}", config.postgres.describe_tls());
-            println!("# persister subscribes to: {}", config.subscriptions().join(", "));
-            print!("{}", config.to_redacted_toml());
-            ExitCode::SUCCESS
+            let text = format!(
+                "# postgres TLS: {}\n# persister subscribes to: {}\n{}",
+                config.postgres.describe_tls(),
+                config.subscriptions().join(", "),
+                config.to_redacted_toml()
+            );
+            match super::print(&text) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("sluice: writing to stdout: {error}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(error) => {
             eprintln!("sluice: config error: {error}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(EXIT_CONFIG)
         }
     }
 }
@@ -62,7 +71,7 @@ pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
         Ok(config) => config,
         Err(error) => {
             eprintln!("sluice: config error: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return ExitCode::from(EXIT_CONFIG);
         }
     };
     let log = telemetry::init_logging(&config.log);

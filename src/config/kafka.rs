@@ -236,7 +236,7 @@ pub(super) fn reject_managed(
 }
 
 /// Refuses a pass-through property librdkafka itself would refuse (an unknown name, a value out
-/// of its range): found here, the key is named (exit 64) — found when a producer is made, the
+/// of its range): found here, the key is named (exit 78) — found when a producer is made, the
 /// agent exited 1, or a reload was taken and every later producer failed to be made. Each
 /// property is set on a configuration of its own, as librdkafka checks them one by one; checks
 /// across properties are librdkafka's when the client is made. `plugin.*` is left to then:

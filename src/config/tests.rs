@@ -713,3 +713,24 @@ fn the_smallest_budget_allowed_takes_two_of_the_largest_messages() {
     assert!(Config::from_toml(&text(2 * largest)).is_ok());
     assert!(Config::from_toml(&text(2 * largest - 1)).is_err());
 }
+
+/// Found trying the binary as a new user would (issue 33): a wrong type was told in Rust's words
+/// (`expected usize`, `expected parsable string`).
+#[test]
+fn a_wrong_type_or_size_is_told_in_the_configs_words_not_rusts() {
+    let message = |text: &str| match Config::from_toml(text) {
+        Err(ConfigError::Parse { message, .. }) => message,
+        other => panic!("expected a parse error, got {other:?}"),
+    };
+    let count = message("[kafka]\nmax_topics = \"x\"\n");
+    assert!(
+        count.contains("key `kafka.max_topics`") && count.ends_with("expected a whole number, 0 or more"),
+        "{count}"
+    );
+    let size = message("[buffer]\nmax_bytes = \"lots\"\n");
+    assert!(size.contains("key `buffer.max_bytes`") && size.contains("\"64 MiB\""), "{size}");
+    assert!(!size.contains("parsable") && !count.contains("usize"));
+    // "64MB" is read, as documented: powers of 1000.
+    let decimal = Config::from_toml("[buffer]\nmax_bytes = \"64MB\"\n").expect("a size");
+    assert_eq!(decimal.buffer.max_bytes.as_u64(), 64_000_000);
+}

@@ -23,12 +23,12 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
 }
 
 #[test]
-fn check_config_exits_64_with_one_line_naming_the_key_and_file() {
+fn check_config_exits_78_ex_config_with_one_line_naming_the_key_and_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("typo.toml");
     std::fs::write(&path, "[buffer]\nwhen_ful = \"drop_newest\"\n").expect("write");
     let output = sluice(&["check-config", path.to_str().expect("path")]);
-    assert_eq!(output.status.code(), Some(64));
+    assert_eq!(output.status.code(), Some(78));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("typo.toml") && stderr.contains("buffer.when_ful"), "{stderr}");
@@ -46,7 +46,7 @@ fn check_config_refuses_a_budget_too_small_for_the_largest_record_naming_both_ke
     )
     .expect("write");
     let output = sluice(&["check-config", path.to_str().expect("path")]);
-    assert_eq!(output.status.code(), Some(64));
+    assert_eq!(output.status.code(), Some(78));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("buffer.max_bytes") && stderr.contains("ingest.listeners.default.max_record_size"),
@@ -55,7 +55,7 @@ fn check_config_refuses_a_budget_too_small_for_the_largest_record_naming_both_ke
 }
 
 #[test]
-fn agent_with_a_bad_environment_override_exits_64_naming_the_variable() {
+fn agent_with_a_bad_environment_override_exits_78_naming_the_variable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("ok.toml");
     std::fs::write(&path, "").expect("write");
@@ -64,8 +64,39 @@ fn agent_with_a_bad_environment_override_exits_64_naming_the_variable() {
         .env("SLUICE_BUFFER__WHEN_FULL", "sometimes")
         .output()
         .expect("run");
-    assert_eq!(output.status.code(), Some(64));
+    assert_eq!(output.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&output.stderr).contains("SLUICE_BUFFER__WHEN_FULL"));
+}
+
+/// Found trying the binary as a new user would (issue 33): `check-config FILE | head` panicked
+/// on the closed pipe (exit 101 and a backtrace).
+#[test]
+fn check_config_into_a_pipe_closed_early_exits_quietly() {
+    use std::io::Read as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ok.toml");
+    std::fs::write(&path, "").expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", path.to_str().expect("path")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    // A reader gone before the output comes (`| head` that has its lines): the pipe is closed
+    // while the config is still being read.
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
+    let status = child.wait().expect("exit");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let output = sluice(&["--help"]);
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("Exit codes:") && help.contains("78") && help.contains("EX_CONFIG"), "{help}");
 }
 
 #[test]
@@ -94,7 +125,7 @@ fn the_production_shaped_examples_pass_check_config_with_their_secret_set() {
         assert!(!shown.contains("hunter2"), "the secret never shows: {shown}");
         // Without the Secret's variable the config is refused, naming it.
         let output = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["check-config", &path]).output().expect("run");
-        assert_eq!(output.status.code(), Some(64));
+        assert_eq!(output.status.code(), Some(78));
         assert!(String::from_utf8_lossy(&output.stderr).contains("SLUICE_KAFKA_SASL_PASSWORD"));
     }
 }

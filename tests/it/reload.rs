@@ -135,7 +135,7 @@ async fn reloading_producer_settings_under_load_loses_and_duplicates_nothing() {
 /// Issue 30, item 8 (cold review): a reload librdkafka refuses only across properties
 /// (`max.in.flight = 6` with idempotence) was reported applied; every producer made from it then
 /// failed, the shipper retried once a second and shipping collapsed for ever. It is refused whole:
-/// the running producer keeps shipping. At start the same config is a config error (exit 64).
+/// the running producer keeps shipping. At start the same config is a config error (exit 78).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_librdkafka_would_refuse_across_properties_is_refused_whole_and_shipping_goes_on() {
     let mut setup = Scenario::new("reloadrefused").build().await;
@@ -157,7 +157,7 @@ async fn a_reload_librdkafka_would_refuse_across_properties_is_refused_whole_and
         Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8")], setup.config.dir.path())
             .wait(Duration::from_secs(30))
             .await;
-    assert_eq!(started.code(), Some(64), "at start it is a config error");
+    assert_eq!(started.code(), Some(78), "at start it is a config error");
 }
 
 /// Waits until Kafka has acknowledged a second's load (2,000 records) more than when asked.
