@@ -173,6 +173,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// `[persist.columns]` as written in a config file.
+    fn column_configs(text: &str) -> std::collections::BTreeMap<String, ColumnConfig> {
+        toml::from_str(text).expect("columns")
+    }
+
     #[test]
     fn converts_what_each_type_takes_and_refuses_the_rest() {
         let cases = [
@@ -202,16 +207,14 @@ mod tests {
         }
     }
 
-    /// Cold review (issue 32): a long value in an indexed column failed its row's insert.
     #[test]
     fn a_record_that_cannot_be_read_here_leaves_every_column_null_and_counts_each() {
-        let config: std::collections::BTreeMap<String, ColumnConfig> = toml::from_str(
+        let config = column_configs(
             r#"
             user_id = { pointer = "/user/id", type = "bigint" }
             x = { pointer = "/x", type = "double precision" }
             "#,
-        )
-        .expect("columns");
+        );
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
@@ -225,10 +228,10 @@ mod tests {
         }
     }
 
+    /// Cold review (issue 32): a long value in an indexed column failed its row's insert.
     #[test]
     fn a_value_too_long_for_its_index_is_null() {
-        let config: std::collections::BTreeMap<String, ColumnConfig> =
-            toml::from_str(r#"path = { pointer = "/path", type = "text", index = true }"#).expect("columns");
+        let config = column_configs(r#"path = { pointer = "/path", type = "text", index = true }"#);
         let columns = Columns::new(&config);
         let long = format!(r#"{{"path":"{}"}}"#, "x".repeat(MAX_INDEXED_BYTES + 1));
         assert_eq!(columns.values(Some(&long)), vec![None]);
@@ -237,14 +240,13 @@ mod tests {
 
     #[test]
     fn takes_values_by_pointer_and_leaves_missing_and_text_records_null() {
-        let config: std::collections::BTreeMap<String, ColumnConfig> = toml::from_str(
+        let config = column_configs(
             r#"
             user_id = { pointer = "/user/id", type = "bigint" }
             status = { pointer = "/http/status", type = "bigint" }
             ok = { pointer = "/ok", type = "boolean" }
             "#,
-        )
-        .expect("columns");
+        );
         let columns = Columns::new(&config);
         // Name order: ok, status, user_id.
         assert_eq!(
