@@ -3,12 +3,24 @@
 //!
 //! Owns: finding the pod template in each workload kind, and adding exactly what the chart's
 //! named templates (`helm/sluice/templates/_sidecar.tpl`) add — the agent container (a native
-//! sidecar by default), the socket/config/spool volumes, and `SLUICE_SOCKET` plus the socket
-//! mount in the app containers. `tests/it/chart.rs` renders the chart and checks both agree.
+//! sidecar by default), the socket/config/spool volumes, `SLUICE_SOCKET` plus the socket mount
+//! in the app containers, and the two pod settings a first run trips on: `securityContext.fsGroup`
+//! (so an app of another uid/gid may write to the 0660 socket) and a
+//! `terminationGracePeriodSeconds` that holds the app's shutdown and the agent's drain.
+//! `tests/it/chart.rs` renders the chart and checks both agree.
 //!
-//! Must not: change anything else in a manifest, inject twice (a pod that already has a
-//! container named `sluice` is left as it is), or guess: a workload it cannot read is an error
-//! naming the document; kinds without a pod template (Services, ConfigMaps…) pass through.
+//! Why an existing `fsGroup` is kept, whatever its value: Kubernetes makes the socket's emptyDir
+//! group-owned by it and setgid, so the socket (bound in a directory inside it) takes that group,
+//! and adds it to every container's groups, the app's and the agent's alike — any `fsGroup` lets
+//! the app connect; no `runAsGroup` can take it away. Only a pod with none needs one set.
+//!
+//! Must not: change anything else in a manifest, lower a setting the pod already has, inject
+//! twice (a pod that already has a container named `sluice` is left as it is), or guess: a
+//! workload it cannot read is an error naming the document; kinds without a pod template
+//! (Services, ConfigMaps…) pass through. What it changed or could not check is said in
+//! [`Injected::notes`] (the CLI prints them on stderr), never silently.
+
+use std::time::Duration;
 
 use serde_norway::{Mapping, Value};
 
@@ -26,7 +38,9 @@ pub struct Options {
     pub native: bool,
     /// The app container whose logs these are; default: the pod's first container.
     pub app_container: Option<String>,
-    /// The agent's admin port.
+    /// The agent's admin port: the container port and, through `SLUICE_AGENT__ADMIN_LISTEN`,
+    /// where the agent listens whatever its ConfigMap says (9464 by default, which is also
+    /// OpenTelemetry's Prometheus exporter's default: choose another if the app uses that).
     pub admin_port: u16,
     /// `disk` (a spool on an emptyDir) or `memory`.
     pub buffer: String,
@@ -36,7 +50,22 @@ pub struct Options {
     pub pre_stop_wait: String,
     /// Secret librdkafka properties: (env var, secret name, secret key).
     pub secret_env: Vec<(String, String, String)>,
+    /// The pod's `securityContext.fsGroup` when it has none (`None`: leave it unset, for
+    /// platforms that assign one, such as OpenShift's restricted SCC).
+    pub fs_group: Option<u32>,
+    /// The agent's `agent.drain_timeout` (in the ConfigMap; the chart's default is 25s).
+    pub drain_timeout: Duration,
+    /// How long the app takes to stop on SIGTERM.
+    pub app_shutdown: Duration,
 }
+
+/// The uid and gid the image runs as (the Dockerfile's `USER 65532:65532`).
+pub const AGENT_ID: u32 = 65532;
+
+/// After its drain deadline the agent still closes the producer (`ship::CLOSE_GRACE`) and counts
+/// what is left: the grace period keeps this much beyond the drain. The chart's
+/// `sluice.sidecar.terminationGracePeriodSeconds` adds the same.
+pub const AGENT_EXIT_MARGIN: Duration = Duration::from_secs(5);
 
 impl Default for Options {
     fn default() -> Self {
@@ -51,8 +80,37 @@ impl Default for Options {
             spool_size_limit: "512Mi".into(),
             pre_stop_wait: "5s".into(),
             secret_env: Vec::new(),
+            fs_group: Some(AGENT_ID),
+            drain_timeout: Duration::from_secs(25),
+            app_shutdown: Duration::from_secs(10),
         }
     }
+}
+
+impl Options {
+    /// The least `terminationGracePeriodSeconds` that lets the app stop and the agent drain:
+    /// native, the agent gets SIGTERM once the app has exited; regular, both get it at once, after
+    /// the agent's preStop wait.
+    pub fn grace_period_seconds(&self) -> u64 {
+        // Whole seconds, each part rounded up, as the chart's template adds them.
+        let seconds = |duration: Duration| duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+        let before_drain = if self.native {
+            seconds(self.app_shutdown)
+        } else {
+            let pre_stop = humantime::parse_duration(&self.pre_stop_wait).unwrap_or_default();
+            seconds(self.app_shutdown).max(seconds(pre_stop))
+        };
+        before_drain + seconds(self.drain_timeout) + AGENT_EXIT_MARGIN.as_secs()
+    }
+}
+
+/// The injected manifest, and what the operator should hear about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    /// The manifest, every workload with the sidecar.
+    pub manifest: String,
+    /// One line per setting changed or risk seen, naming the document (for stderr).
+    pub notes: Vec<String>,
 }
 
 /// Why a manifest could not be injected.
@@ -85,8 +143,9 @@ const SOCKET_DIR: &str = "/run/sluice";
 const SOCKET: &str = "/run/sluice/sluice.sock";
 
 /// Injects the sidecar into every workload of a (multi-document) YAML stream.
-pub fn inject(input: &str, options: &Options) -> Result<String, InjectError> {
+pub fn inject(input: &str, options: &Options) -> Result<Injected, InjectError> {
     let mut out = String::new();
+    let mut notes = Vec::new();
     for (index, document) in serde_norway::Deserializer::from_str(input).enumerate() {
         let number = index + 1;
         let mut value: Value = serde::Deserialize::deserialize(document)
@@ -94,7 +153,7 @@ pub fn inject(input: &str, options: &Options) -> Result<String, InjectError> {
         if value.is_null() {
             continue;
         }
-        inject_value(&mut value, number, options)?;
+        inject_value(&mut value, number, options, &mut notes)?;
         if !out.is_empty() {
             out.push_str("---\n");
         }
@@ -102,15 +161,20 @@ pub fn inject(input: &str, options: &Options) -> Result<String, InjectError> {
             &serde_norway::to_string(&value).map_err(|source| InjectError::Yaml { document: number, source })?,
         );
     }
-    Ok(out)
+    Ok(Injected { manifest: out, notes })
 }
 
-fn inject_value(value: &mut Value, document: usize, options: &Options) -> Result<(), InjectError> {
+fn inject_value(
+    value: &mut Value,
+    document: usize,
+    options: &Options,
+    notes: &mut Vec<String>,
+) -> Result<(), InjectError> {
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
     if kind == "List" {
         if let Some(items) = value.get_mut("items").and_then(Value::as_sequence_mut) {
             for item in items {
-                inject_value(item, document, options)?;
+                inject_value(item, document, options, notes)?;
             }
         }
         return Ok(());
@@ -135,7 +199,10 @@ fn inject_value(value: &mut Value, document: usize, options: &Options) -> Result
         labels.insert("sluice.dev/sidecar".into(), "true".into());
     }
     let spec = template.get_mut("spec").and_then(Value::as_mapping_mut).ok_or_else(|| fail("no pod spec"))?;
-    inject_pod(spec, options).map_err(|problem| fail(&problem))
+    let mut said = Vec::new();
+    inject_pod(spec, options, &mut said).map_err(|problem| fail(&problem))?;
+    notes.extend(said.into_iter().map(|note| format!("document {document} ({kind} {name}): {note}")));
+    Ok(())
 }
 
 fn path_mut<'a>(value: &'a mut Value, path: &[&str]) -> Option<&'a mut Value> {
@@ -163,7 +230,10 @@ fn named(list: &[Value], name: &str) -> bool {
     list.iter().any(|item| item.get("name").and_then(Value::as_str) == Some(name))
 }
 
-fn inject_pod(spec: &mut Mapping, options: &Options) -> Result<(), String> {
+fn inject_pod(spec: &mut Mapping, options: &Options, notes: &mut Vec<String>) -> Result<(), String> {
+    if spec.get("os").and_then(|os| os.get("name")).and_then(Value::as_str) == Some("windows") {
+        return Err("spec.os.name is windows: the agent and its Unix socket need a Linux pod".into());
+    }
     let containers = sequence(spec, "containers")?;
     if containers.is_empty() {
         return Err("the pod has no containers".into());
@@ -190,7 +260,9 @@ fn inject_pod(spec: &mut Mapping, options: &Options) -> Result<(), String> {
             mounts.push(yaml(&format!("{{name: sluice-socket, mountPath: {SOCKET_DIR}}}")));
         }
     }
-    let sidecar = sidecar_container(options, &app);
+    let mut sidecar = sidecar_container(options, &app);
+    pod_security(spec, options, &mut sidecar, notes)?;
+    grace_period(spec, options, notes)?;
     if options.native {
         sequence(spec, "initContainers")?.push(sidecar);
     } else {
@@ -203,6 +275,92 @@ fn inject_pod(spec: &mut Mapping, options: &Options) -> Result<(), String> {
             volumes.push(volume);
         }
     }
+    Ok(())
+}
+
+/// The pod's `fsGroup`, so the app may write to the 0660 socket (see the module's doc); and the
+/// agent's uid where the pod would run it as root.
+fn pod_security(
+    spec: &mut Mapping,
+    options: &Options,
+    sidecar: &mut Value,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
+    let context = match spec.get("securityContext") {
+        None | Some(Value::Null) => Mapping::new(),
+        Some(Value::Mapping(context)) => context.clone(),
+        Some(_) => return Err("securityContext is not a mapping".into()),
+    };
+    // The sidecar pins no uid (OpenShift's restricted SCC assigns its own), so it inherits the
+    // pod's: root would fail its runAsNonRoot. The image's own user, then.
+    if context.get("runAsUser").and_then(Value::as_u64) == Some(0) {
+        if let Some(own) = sidecar.get_mut("securityContext").and_then(Value::as_mapping_mut) {
+            own.insert("runAsUser".into(), AGENT_ID.into());
+        }
+        notes.push(format!(
+            "the pod runs as uid 0: the agent container is given runAsUser {AGENT_ID} (it refuses root)"
+        ));
+    }
+    if context.contains_key("fsGroup") {
+        return Ok(()); // any fsGroup works: the socket takes it, every container has it
+    }
+    match options.fs_group {
+        Some(group) => {
+            let mut context = context;
+            context.insert("fsGroup".into(), group.into());
+            spec.insert("securityContext".into(), Value::Mapping(context));
+            notes.push(format!(
+                "set securityContext.fsGroup {group}: the socket is mode 0660, and the app may write to it only in that group"
+            ));
+        }
+        None => {
+            let pod_group = context.get("runAsGroup").and_then(Value::as_u64);
+            let supplemental = context
+                .get("supplementalGroups")
+                .and_then(Value::as_sequence)
+                .is_some_and(|groups| groups.iter().any(|g| g.as_u64() == Some(u64::from(AGENT_ID))));
+            let containers = spec.get("containers").and_then(Value::as_sequence).map(Vec::as_slice).unwrap_or_default();
+            let outside: Vec<&str> = containers
+                .iter()
+                .filter(|c| {
+                    let group = c.get("securityContext").and_then(|s| s.get("runAsGroup")).and_then(Value::as_u64);
+                    !supplemental && group.or(pod_group) != Some(u64::from(AGENT_ID))
+                })
+                .filter_map(|c| c.get("name").and_then(Value::as_str))
+                .collect();
+            if !outside.is_empty() {
+                notes.push(format!(
+                    "WARNING: no fsGroup (--fs-group none) and containers {} may not share the agent's group \
+                     ({AGENT_ID}): they cannot write to its 0660 socket unless the platform assigns an fsGroup \
+                     (OpenShift's restricted SCC does)",
+                    outside.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `terminationGracePeriodSeconds` raised to what the app and the agent's drain need; a larger
+/// one is kept.
+fn grace_period(spec: &mut Mapping, options: &Options, notes: &mut Vec<String>) -> Result<(), String> {
+    let needed = options.grace_period_seconds();
+    let current = match spec.get("terminationGracePeriodSeconds") {
+        None => None,
+        Some(value) => Some(value.as_u64().ok_or("terminationGracePeriodSeconds is not a whole number")?),
+    };
+    if current.is_some_and(|current| current >= needed) {
+        return Ok(());
+    }
+    spec.insert("terminationGracePeriodSeconds".into(), needed.into());
+    let was = current.map_or_else(|| "unset, 30 s".to_string(), |current| format!("{current} s"));
+    notes.push(format!(
+        "set terminationGracePeriodSeconds {needed} (was {was}): the app's shutdown ({}) + the agent's drain \
+         ({}) + {} s",
+        humantime::format_duration(options.app_shutdown),
+        humantime::format_duration(options.drain_timeout),
+        AGENT_EXIT_MARGIN.as_secs()
+    ));
     Ok(())
 }
 
@@ -256,7 +414,9 @@ env:
       fieldRef:
         fieldPath: status.hostIP
   - name: CONTAINER_NAME
-    value: {app:?}{secret_env}
+    value: {app:?}
+  - name: SLUICE_AGENT__ADMIN_LISTEN
+    value: "0.0.0.0:{port}"{secret_env}
 ports:
   - name: sluice-admin
     containerPort: {port}
@@ -286,8 +446,6 @@ resources:
     memory: 128Mi
 securityContext:
   runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
   readOnlyRootFilesystem: true
   allowPrivilegeEscalation: false
   capabilities:

@@ -78,6 +78,13 @@ enum Command {
     },
     /// Add the agent as a sidecar to Kubernetes workloads (YAML on stdin or from a file, to stdout),
     /// exactly as the Helm chart's named templates do: `kubectl get deploy x -o yaml | sluice inject`.
+    ///
+    /// Besides the container and its volumes it sets two pod settings a first run trips on, and
+    /// says so on stderr: `securityContext.fsGroup` when the pod has none (the socket is mode 0660:
+    /// the app may write to it only in that group; an existing fsGroup is kept, any works), and
+    /// `terminationGracePeriodSeconds` when the pod's is shorter than the app's shutdown plus the
+    /// agent's drain plus 5 s. Flags that describe the agent's ConfigMap (`--drain-timeout`) must
+    /// match it; the chart's defaults are the flags' defaults.
     Inject {
         /// The manifest; stdin when absent.
         file: Option<PathBuf>,
@@ -99,6 +106,21 @@ enum Command {
         /// The spool emptyDir's size limit.
         #[arg(long, default_value = "512Mi")]
         spool_size_limit: String,
+        /// The agent's admin port (/metrics, /healthz, /readyz), set on the container and passed to
+        /// the agent (SLUICE_AGENT__ADMIN_LISTEN). 9464 is also OpenTelemetry's Prometheus
+        /// exporter's default: pick another if the app serves that (the chart's sidecar.adminPort).
+        #[arg(long, default_value_t = 9464, value_parser = clap::value_parser!(u16).range(1..))]
+        admin_port: u16,
+        /// The pod's securityContext.fsGroup when it has none, or `none` to leave it unset (where
+        /// the platform assigns one, as OpenShift's restricted SCC does).
+        #[arg(long, default_value = "65532", value_parser = parse_fs_group)]
+        fs_group: FsGroup,
+        /// The agent's agent.drain_timeout, as its ConfigMap sets it (the chart's default: 25s).
+        #[arg(long, default_value = "25s", value_parser = humantime::parse_duration)]
+        drain_timeout: std::time::Duration,
+        /// How long the app takes to stop on SIGTERM (counted into terminationGracePeriodSeconds).
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        app_shutdown: std::time::Duration,
     },
     /// Wait, then exit: the preStop hook of a sidecar that is not native, so the app's last lines
     /// arrive while the agent still accepts (Kubernetes sends SIGTERM only after the hook).
@@ -141,7 +163,19 @@ fn main() -> ExitCode {
                 cli::print(&sluice::status::status(admin, interval).await?).context("writing to stdout")
             })
         })),
-        Command::Inject { file, config_map, image, no_native, app_container, buffer, spool_size_limit } => {
+        Command::Inject {
+            file,
+            config_map,
+            image,
+            no_native,
+            app_container,
+            buffer,
+            spool_size_limit,
+            admin_port,
+            fs_group,
+            drain_timeout,
+            app_shutdown,
+        } => {
             let options = sluice::inject::Options {
                 config_map,
                 image,
@@ -149,6 +183,10 @@ fn main() -> ExitCode {
                 app_container,
                 buffer,
                 spool_size_limit,
+                admin_port,
+                fs_group: fs_group.0,
+                drain_timeout,
+                app_shutdown,
                 ..sluice::inject::Options::default()
             };
             let input = match &file {
@@ -156,7 +194,12 @@ fn main() -> ExitCode {
                 None => std::io::read_to_string(std::io::stdin()).context("reading stdin"),
             };
             match input.and_then(|text| sluice::inject::inject(&text, &options).map_err(anyhow::Error::from)) {
-                Ok(out) => report(cli::print(&out).context("writing to stdout")),
+                Ok(out) => {
+                    for note in &out.notes {
+                        eprintln!("sluice inject: {note}");
+                    }
+                    report(cli::print(&out.manifest).context("writing to stdout"))
+                }
                 Err(error) => {
                     eprintln!("sluice inject: {error:#}");
                     ExitCode::from(EXIT_USAGE)
@@ -177,6 +220,17 @@ fn main() -> ExitCode {
             report(loadgen(&spec))
         }
     }
+}
+
+/// `inject --fs-group`: a gid, or `none`.
+#[derive(Clone, Copy, Debug)]
+struct FsGroup(Option<u32>);
+
+fn parse_fs_group(text: &str) -> Result<FsGroup, String> {
+    if text == "none" {
+        return Ok(FsGroup(None));
+    }
+    text.parse().map(|gid| FsGroup(Some(gid))).map_err(|_| format!("{text:?} is neither a group id nor `none`"))
 }
 
 fn loadgen(spec: &client::LoadSpec) -> anyhow::Result<()> {

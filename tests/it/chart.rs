@@ -1,7 +1,8 @@
 //! The Helm chart, checked offline: lint and render for several value sets, validate the output
 //! against Kubernetes schemas (1.29 and a current release, strict), assert the hardening, the
 //! native sidecar, the config checksum, the schema's refusals, that every rendered config passes
-//! `sluice check-config`, and that `sluice inject` adds exactly what the named templates add.
+//! `sluice check-config`, that `sluice inject` adds exactly what the named templates add, and that
+//! an app's chart with sluice as a dependency (helm/examples/app) renders and validates.
 //!
 //! helm and kubernetes-validate come from `scripts/tools` (`SLUICE_HELM`,
 //! `SLUICE_KUBERNETES_VALIDATE`, set by `scripts/test`).
@@ -33,6 +34,52 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     ("keda", &["persister.keda.enabled=true"]),
+    (
+        "keda with SASL, persister extras",
+        &[
+            "persister.keda.enabled=true",
+            "persister.keda.authentication.sasl=scram_sha512",
+            "persister.keda.authentication.tls=enable",
+            "persister.keda.authentication.secretTargetRef[0].parameter=username",
+            "persister.keda.authentication.secretTargetRef[0].name=kafka-credentials",
+            "persister.keda.authentication.secretTargetRef[0].key=username",
+            "persister.keda.authentication.secretTargetRef[1].parameter=password",
+            "persister.keda.authentication.secretTargetRef[1].name=kafka-credentials",
+            "persister.keda.authentication.secretTargetRef[1].key=password",
+            "persister.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/sluice",
+            "persister.podLabels.team=logging",
+            "persister.priorityClassName=high",
+            "persister.topologySpreadConstraints[0].maxSkew=1",
+            "persister.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+            "persister.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+            "persister.topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/component=persister",
+            "persister.extraEnv[0].name=TZ",
+            "persister.extraEnv[0].value=UTC",
+            "persister.extraVolumes[0].name=tmp",
+            "persister.extraVolumes[0].emptyDir.medium=Memory",
+            "persister.extraVolumeMounts[0].name=tmp",
+            "persister.extraVolumeMounts[0].mountPath=/tmp",
+            "persister.probes.startup.httpGet.path=/healthz",
+            "persister.probes.startup.httpGet.port=admin",
+            "persister.probes.startup.failureThreshold=30",
+        ],
+    ),
+    (
+        "sidecar extras, no fsGroup, OpenShift-like",
+        &[
+            "example.enabled=true",
+            "sidecar.fsGroup=null",
+            "sidecar.adminPort=9470",
+            "sidecar.extraEnv[0].name=TZ",
+            "sidecar.extraEnv[0].value=UTC",
+            "sidecar.extraVolumes[0].name=kafka-ca",
+            "sidecar.extraVolumes[0].secret.secretName=kafka-ca",
+            "sidecar.extraVolumeMounts[0].name=kafka-ca",
+            "sidecar.extraVolumeMounts[0].mountPath=/etc/sluice/kafka-ca",
+            "sidecar.extraVolumeMounts[0].readOnly=true",
+            "persister.serviceAccount.create=false",
+        ],
+    ),
     (
         "topic template, keda",
         &[
@@ -228,6 +275,11 @@ fn the_values_schema_rejects_wrong_types_unknown_keys_and_contradictions() {
         (vec!["kafka.topic=has spaces"], "topic"),
         (vec!["kafka.topic=logs.{record.app}"], "defaultTopic"),
         (vec!["persister.keda.enabled=true", "persister.autoscaling.enabled=true"], "allOf"),
+        (vec!["persister.keda.authentication.sasl=scram"], "sasl"),
+        (vec!["persister.keda.authentication.secretTargetRef[0].parameter=username"], "secretTargetRef"),
+        (vec!["sidecar.fsGroup=-1"], "fsGroup"),
+        (vec!["enabled=yes"], "enabled"),
+        (vec!["persister.serviceAccount.automount=true"], "automount"),
     ] {
         let chart = chart();
         let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
@@ -280,6 +332,10 @@ fn without_sidecar(mut deployment: Value) -> Value {
     }
     let spec = template["spec"].as_mapping_mut().expect("spec");
     spec.remove("initContainers");
+    spec.remove("terminationGracePeriodSeconds");
+    if let Some(context) = spec.get_mut("securityContext").and_then(Value::as_mapping_mut) {
+        context.remove("fsGroup");
+    }
     for (key, drop) in [("volumes", "sluice-"), ("containers", "sluice")] {
         if let Some(list) = spec.get_mut(key).and_then(Value::as_sequence_mut) {
             list.retain(|item| !item["name"].as_str().unwrap_or_default().starts_with(drop));
@@ -296,19 +352,43 @@ fn without_sidecar(mut deployment: Value) -> Value {
 
 #[test]
 fn sluice_inject_adds_exactly_what_the_charts_named_templates_add() {
-    for (sets, native) in [(vec![], true), (vec!["sidecar.native=false"], false), (vec!["sidecar.buffer=memory"], true)]
-    {
+    let default = sluice::inject::Options { config_map: "t-sluice-agent".into(), ..sluice::inject::Options::default() };
+    let cases: Vec<(Vec<&str>, sluice::inject::Options)> = vec![
+        (vec![], default.clone()),
+        (vec!["sidecar.native=false"], sluice::inject::Options { native: false, ..default.clone() }),
+        (vec!["sidecar.buffer=memory"], sluice::inject::Options { buffer: "memory".into(), ..default.clone() }),
+        // The admin port, the grace period's parts, a pod left without fsGroup: flag for value.
+        (
+            vec![
+                "sidecar.adminPort=9470",
+                "sidecar.appShutdownSeconds=20",
+                "sidecar.config.agent.drain_timeout=1m",
+                "sidecar.fsGroup=null",
+            ],
+            sluice::inject::Options {
+                admin_port: 9470,
+                app_shutdown: std::time::Duration::from_secs(20),
+                drain_timeout: std::time::Duration::from_secs(60),
+                fs_group: None,
+                ..default.clone()
+            },
+        ),
+        (
+            vec!["sidecar.native=false", "sidecar.preStopWait=30s", "sidecar.config.agent.drain_timeout=1500ms"],
+            sluice::inject::Options {
+                native: false,
+                pre_stop_wait: "30s".into(),
+                drain_timeout: std::time::Duration::from_millis(1500),
+                ..default.clone()
+            },
+        ),
+    ];
+    for (sets, options) in cases {
         let rendered = example(&sets);
         let bare = without_sidecar(rendered.clone());
-        let options = sluice::inject::Options {
-            config_map: "t-sluice-agent".into(),
-            native,
-            buffer: if sets.contains(&"sidecar.buffer=memory") { "memory".into() } else { "disk".into() },
-            ..sluice::inject::Options::default()
-        };
         let injected =
             sluice::inject::inject(&serde_norway::to_string(&bare).expect("yaml"), &options).expect("inject");
-        let injected: Value = serde_norway::from_str(&injected).expect("yaml");
+        let injected: Value = serde_norway::from_str(&injected.manifest).expect("yaml");
         assert_eq!(
             injected,
             rendered,
@@ -317,6 +397,253 @@ fn sluice_inject_adds_exactly_what_the_charts_named_templates_add() {
             serde_norway::to_string(&rendered).unwrap_or_default()
         );
     }
+}
+
+fn sluice_command(args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child.wait_with_output().expect("sluice")
+}
+
+const SHOP: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: shop}
+spec:
+  selector: {matchLabels: {app: shop}}
+  template:
+    metadata: {labels: {app: shop}}
+    spec:
+      containers:
+        - name: shop
+          image: shop:1
+          securityContext: {runAsUser: 1000, runAsGroup: 1000}
+";
+
+#[test]
+fn sluice_inject_says_on_stderr_what_it_set_for_the_pod_and_takes_the_admin_port() {
+    let output = sluice_command(&["inject", "--admin-port", "9470", "--app-shutdown", "20s"], SHOP);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let pod: Value = serde_norway::from_slice(&output.stdout).expect("yaml");
+    let spec = &pod["spec"]["template"]["spec"];
+    assert_eq!(spec["securityContext"]["fsGroup"], 65532);
+    assert_eq!(spec["terminationGracePeriodSeconds"], 50, "20 s + the chart's 25 s drain + 5 s");
+    assert_eq!(spec["initContainers"][0]["ports"][0]["containerPort"], 9470);
+    assert!(
+        stderr.contains("sluice inject: document 1 (Deployment shop): set securityContext.fsGroup 65532"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("set terminationGracePeriodSeconds 50 (was unset, 30 s)"), "{stderr}");
+
+    let output = sluice_command(&["inject", "--fs-group", "none"], SHOP);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("WARNING: no fsGroup (--fs-group none) and containers shop"), "{stderr}");
+
+    let output = sluice_command(&["inject", "--fs-group", "staff"], SHOP);
+    assert_eq!(output.status.code(), Some(2), "a bad flag is a usage error");
+    let help = sluice_command(&["inject", "--help"], "");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--admin-port", "--fs-group", "--drain-timeout", "--app-shutdown", "terminationGracePeriodSeconds"] {
+        assert!(help.contains(flag), "inject --help mentions {flag}:\n{help}");
+    }
+}
+
+#[test]
+fn keda_reaches_a_sasl_broker_through_a_trigger_authentication() {
+    let (_, sets) = VALUE_SETS.iter().find(|(name, _)| name.starts_with("keda with SASL")).expect("value set");
+    let rendered = documents(&render(sets));
+    let auth = rendered.iter().find(|d| d["kind"] == "TriggerAuthentication").expect("a TriggerAuthentication");
+    assert_eq!(auth["metadata"]["name"], "t-sluice-persister");
+    assert_eq!(auth["spec"]["secretTargetRef"][1]["parameter"], "password");
+    assert_eq!(auth["spec"]["secretTargetRef"][1]["name"], "kafka-credentials");
+    let scaled = rendered.iter().find(|d| d["kind"] == "ScaledObject").expect("a ScaledObject");
+    let trigger = &scaled["spec"]["triggers"][0];
+    assert_eq!(trigger["authenticationRef"]["name"], "t-sluice-persister");
+    assert_eq!(
+        (trigger["metadata"]["sasl"].as_str(), trigger["metadata"]["tls"].as_str()),
+        (Some("scram_sha512"), Some("enable"))
+    );
+
+    let existing = documents(&render(&[
+        "persister.keda.enabled=true",
+        "persister.keda.authentication.existingName=kafka-auth",
+        "persister.keda.authentication.kind=ClusterTriggerAuthentication",
+    ]));
+    assert!(!existing.iter().any(|d| d["kind"] == "TriggerAuthentication"), "an existing one is only referenced");
+    let trigger = &existing.iter().find(|d| d["kind"] == "ScaledObject").expect("ScaledObject")["spec"]["triggers"][0];
+    assert_eq!(trigger["authenticationRef"]["name"], "kafka-auth");
+    assert_eq!(trigger["authenticationRef"]["kind"], "ClusterTriggerAuthentication");
+    let plain = documents(&render(&["persister.keda.enabled=true"]));
+    let trigger = &plain.iter().find(|d| d["kind"] == "ScaledObject").expect("ScaledObject")["spec"]["triggers"][0];
+    assert!(trigger.get("authenticationRef").is_none(), "a plaintext broker needs none");
+}
+
+#[test]
+fn the_persister_takes_the_usual_values_and_pins_no_uid() {
+    let (_, sets) = VALUE_SETS.iter().find(|(name, _)| name.starts_with("keda with SASL")).expect("value set");
+    let rendered = documents(&render(sets));
+    let deployment = rendered
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "t-sluice-persister")
+        .expect("the persister");
+    let template = &deployment["spec"]["template"];
+    let spec = &template["spec"];
+    assert_eq!(template["metadata"]["labels"]["team"], "logging");
+    assert_eq!(spec["serviceAccountName"], "t-sluice-persister");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["priorityClassName"], "high");
+    assert_eq!(spec["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone");
+    let container = &spec["containers"][0];
+    assert!(container["env"].as_sequence().expect("env").iter().any(|e| e["name"] == "TZ"));
+    assert!(container["volumeMounts"].as_sequence().expect("mounts").iter().any(|m| m["mountPath"] == "/tmp"));
+    assert_eq!(container["startupProbe"]["failureThreshold"], 30);
+    let account = rendered.iter().find(|d| d["kind"] == "ServiceAccount").expect("its ServiceAccount");
+    assert_eq!(account["automountServiceAccountToken"], false);
+    assert_eq!(account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"], "arn:aws:iam::1:role/sluice");
+
+    // OpenShift's restricted SCC assigns uids, gids and fsGroups: none is pinned anywhere.
+    for (name, sets) in VALUE_SETS {
+        let text = render(sets);
+        for key in ["runAsUser", "runAsGroup"] {
+            assert!(!text.contains(key), "{name}: the chart pins {key}");
+        }
+    }
+    let openshift = render(&["example.enabled=true", "sidecar.fsGroup=null"]);
+    assert!(!openshift.contains("fsGroup"), "sidecar.fsGroup=null leaves the pod's fsGroup to the platform");
+}
+
+#[test]
+fn a_native_sidecar_is_refused_below_kubernetes_1_29_and_the_regular_one_renders() {
+    let chart = chart();
+    let output = helm(&["template", "t", chart.as_str(), "--kube-version", "1.28.0", "--set", "example.enabled=true"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("set sidecar.native=false"), "{stderr}");
+    let output = helm(&[
+        "template",
+        "t",
+        chart.as_str(),
+        "--kube-version",
+        "1.28.0",
+        "--set",
+        "example.enabled=true",
+        "--set",
+        "sidecar.native=false",
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// helm/examples/app and the sluice chart, laid out as in the repository (its dependency is
+/// `file://../../sluice`) in a temporary directory, its `charts/` built there by Helm.
+fn parent_chart() -> (tempfile::TempDir, String) {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).expect("mkdir");
+        for entry in std::fs::read_dir(from).expect("read_dir") {
+            let entry = entry.expect("entry");
+            let target = to.join(entry.file_name());
+            if entry.file_type().expect("file type").is_dir() {
+                if entry.file_name() != "charts" {
+                    copy(&entry.path(), &target);
+                }
+            } else {
+                std::fs::copy(entry.path(), &target).expect("copy");
+            }
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy(&source_path("helm/sluice"), &dir.path().join("sluice"));
+    let app = dir.path().join("examples/app");
+    copy(&source_path("helm/examples/app"), &app);
+    let app = app.display().to_string();
+    let output = helm(&["dependency", "build", "--skip-refresh", app.as_str()]);
+    assert!(output.status.success(), "helm dependency build: {}", String::from_utf8_lossy(&output.stderr));
+    (dir, app)
+}
+
+fn render_parent(app: &str, sets: &[&str]) -> std::process::Output {
+    let mut args = vec!["template", "shop", app, "--kube-version", "1.29.0"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(&args)
+}
+
+#[test]
+fn an_apps_chart_with_sluice_as_a_dependency_renders_validates_and_runs_sluices_image() {
+    let (_dir, app) = parent_chart();
+    let lint = helm(&["lint", "--strict", app.as_str(), "--kube-version", "1.29.0"]);
+    assert!(lint.status.success(), "helm lint: {}", String::from_utf8_lossy(&lint.stdout));
+    let validate = tool("SLUICE_KUBERNETES_VALIDATE", "python/bin/kubernetes-validate");
+    let sluice_version = {
+        let chart: Value =
+            serde_norway::from_str(include_str!("../../helm/sluice/Chart.yaml")).expect("helm/sluice/Chart.yaml");
+        chart["appVersion"].as_str().expect("appVersion").to_string()
+    };
+    // `global` is what Helm hands every subchart (helm/helm#10392): the schema takes it.
+    for (name, sets) in [
+        ("defaults", vec!["global.imageRegistry=registry.example.com"]),
+        ("regular sidecar", vec!["sluice.sidecar.native=false"]),
+        ("with persisters", vec!["sluice.persister.enabled=true"]),
+    ] {
+        let output = render_parent(&app, &sets);
+        assert!(output.status.success(), "{name}: {}", String::from_utf8_lossy(&output.stderr));
+        let text = String::from_utf8(output.stdout).expect("utf-8");
+        let file = std::path::Path::new(&app).join(format!("{}.rendered.yaml", name.replace(' ', "-")));
+        std::fs::write(&file, &text).expect("write");
+        for version in ["1.29.0", "1.35.0"] {
+            let output = Command::new(&validate)
+                .args(["-k", version, "--strict", "--quiet"])
+                .arg(&file)
+                .output()
+                .unwrap_or_else(|error| panic!("{} ({error}): run `scripts/tools python`", validate.display()));
+            let report = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success() && !report.contains("ERROR"), "{name} on Kubernetes {version}:\n{report}");
+        }
+        let shop = documents(&text)
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "shop-shop")
+            .expect("the app's Deployment");
+        let spec = pod_spec(&shop).expect("pod spec");
+        let all = spec["containers"].as_sequence().into_iter().flatten();
+        let init = spec.get("initContainers").and_then(Value::as_sequence).into_iter().flatten();
+        let containers: Vec<&Value> = all.chain(init).collect();
+        let agent = containers.iter().find(|c| c["name"] == "sluice").expect("the sidecar");
+        assert_eq!(
+            agent["image"],
+            format!("ghcr.io/sluice-logs/sluice:{sluice_version}"),
+            "{name}: sluice's appVersion"
+        );
+        let app_container = containers.iter().find(|c| c["name"] == "shop").expect("the app");
+        assert_eq!(app_container["image"], "registry.example.com/shop:7.3.1", "{name}: the app's own");
+        assert_eq!(agent["ports"][0]["containerPort"], 9470, "{name}: the parent's sluice values reach the sidecar");
+        assert_eq!(spec["terminationGracePeriodSeconds"], 45, "{name}: 15 s shop + 25 s drain + 5 s");
+        assert_eq!(spec["securityContext"]["fsGroup"], 65532, "{name}");
+        let config = documents(&text)
+            .into_iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "shop-sluice-agent")
+            .expect("the agent's ConfigMap");
+        assert!(config["data"]["agent.toml"].as_str().unwrap_or_default().contains("kafka.logging:9092"), "{name}");
+    }
+
+    // sluice.enabled=false (the dependency's condition): no agent, no sidecar.
+    let output = render_parent(&app, &["sluice.enabled=false"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("sluice"));
+
+    // The old way, a dict with the parent's .Chart, is refused instead of running the app's tag.
+    let dict = "{{- $ctx := dict \"Values\" .Values.sluice \"Release\" .Release \"Chart\" .Chart }}\n\
+                apiVersion: v1\nkind: List\nitems: []\n# {{ include \"sluice.sidecar.container\" $ctx }}\n";
+    std::fs::write(std::path::Path::new(&app).join("templates/dict.yaml"), dict).expect("write");
+    let output = render_parent(&app, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains(".Subcharts.sluice"), "{stderr}");
 }
 
 #[test]
@@ -337,6 +664,8 @@ fn the_chart_readme_documents_every_value() {
             "startup",
             "readiness",
             "liveness",
+            "securityContext",
+            "podSecurityContext",
         ];
         match value.as_mapping() {
             Some(map) if !map.is_empty() && !free.iter().any(|f| prefix.ends_with(f)) => {

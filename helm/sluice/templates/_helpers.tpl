@@ -29,11 +29,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: persister
 {{- end -}}
 
-{{/* The hardened securityContext every sluice container runs with. */}}
+{{/* The persister's ServiceAccount: its own when created, else the one named (or the namespace's default). */}}
+{{- define "sluice.persister.serviceAccountName" -}}
+{{- if .Values.persister.serviceAccount.create -}}
+{{- default (printf "%s-persister" (include "sluice.fullname" .)) .Values.persister.serviceAccount.name -}}
+{{- else -}}
+{{- .Values.persister.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The example app container's securityContext: the hardening, no uid (the image's, 65532, or
+     the one the platform assigns). */}}
 {{- define "sluice.securityContext" -}}
 runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
 readOnlyRootFilesystem: true
 allowPrivilegeEscalation: false
 capabilities:
