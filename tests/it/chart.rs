@@ -33,6 +33,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "monitoring.grafanaDashboard.enabled=true",
         ],
     ),
+    ("monitoring for kube-prometheus-stack", KUBE_PROMETHEUS_STACK),
     ("keda", &["persister.keda.enabled=true"]),
     (
         "keda with SASL, persister extras",
@@ -121,6 +122,24 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "kafka.properties.sasl\\.username=sluice",
         ],
     ),
+];
+
+/// Monitoring as a kube-prometheus-stack user sets it: its `release` label, a team's label on one
+/// object, relabelings of one's own, a metric dropped, namespaces narrowed.
+const KUBE_PROMETHEUS_STACK: &[&str] = &[
+    "monitoring.serviceMonitor.enabled=true",
+    "monitoring.podMonitor.enabled=true",
+    "monitoring.prometheusRule.enabled=true",
+    "monitoring.additionalLabels.release=kps",
+    "monitoring.podMonitor.additionalLabels.release=kps-agents",
+    "monitoring.prometheusRule.additionalLabels.team=platform",
+    "monitoring.podMonitor.relabelings[0].targetLabel=cluster",
+    "monitoring.podMonitor.relabelings[0].replacement=eu-1",
+    "monitoring.podMonitor.namespaceSelector.matchNames[0]=shop",
+    "monitoring.podMonitor.namespaceSelector.any=false",
+    "monitoring.serviceMonitor.metricRelabelings[0].action=drop",
+    "monitoring.serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+    "monitoring.serviceMonitor.metricRelabelings[0].regex=sluice_kafka_.*",
 ];
 
 fn tool(variable: &str, fallback: &str) -> PathBuf {
@@ -280,6 +299,8 @@ fn the_values_schema_rejects_wrong_types_unknown_keys_and_contradictions() {
         (vec!["sidecar.fsGroup=-1"], "fsGroup"),
         (vec!["enabled=yes"], "enabled"),
         (vec!["persister.serviceAccount.automount=true"], "automount"),
+        (vec!["monitoring.podMonitor.relabelings[0].action=rename"], "action"),
+        (vec!["monitoring.additionalLabels.release=1"], "release"),
     ] {
         let chart = chart();
         let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
@@ -664,6 +685,7 @@ fn the_chart_readme_documents_every_value() {
             "startup",
             "readiness",
             "liveness",
+            "namespaceSelector",
             "securityContext",
             "podSecurityContext",
         ];
@@ -681,4 +703,56 @@ fn the_chart_readme_documents_every_value() {
     leaves("", &values, &mut keys);
     let missing: Vec<_> = keys.iter().filter(|key| !readme.contains(&format!("| `{key}` |"))).collect();
     assert!(missing.is_empty(), "helm/sluice/README.md lacks {missing:?}");
+}
+
+/// The Prometheus Operator objects in `documents`, by kind.
+fn monitoring_object<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
+    documents.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("a {kind}"))
+}
+
+#[test]
+fn monitoring_plugs_into_kube_prometheus_stack_and_labels_workload_and_job() {
+    let rendered = documents(&render(KUBE_PROMETHEUS_STACK));
+    let service = monitoring_object(&rendered, "ServiceMonitor");
+    let pods = monitoring_object(&rendered, "PodMonitor");
+    let rule = monitoring_object(&rendered, "PrometheusRule");
+
+    // The shared labels on all three; an object's own win.
+    assert_eq!(service["metadata"]["labels"]["release"], "kps");
+    assert_eq!(pods["metadata"]["labels"]["release"], "kps-agents");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    assert_eq!(rule["metadata"]["labels"]["team"], "platform");
+
+    // Every series gets `workload` and `job`, the labels the alerts aggregate by; one's own
+    // relabelings come after the chart's, so they may override them.
+    for (monitor, endpoints, job) in
+        [(service, "endpoints", "sluice-persister"), (pods, "podMetricsEndpoints", "sluice-agent")]
+    {
+        let relabelings = monitor["spec"][endpoints][0]["relabelings"].as_sequence().expect("relabelings");
+        let targets: Vec<&str> = relabelings.iter().filter_map(|r| r["targetLabel"].as_str()).collect();
+        assert!(targets.starts_with(&["workload", "workload", "workload", "workload", "job"]), "{job}: {targets:?}");
+        let owner = relabelings
+            .iter()
+            .find(|r| r["regex"].as_str().is_some_and(|regex| regex.starts_with("ReplicaSet;")))
+            .expect("a Deployment's pods are its workload");
+        assert_eq!(owner["sourceLabels"][1], "__meta_kubernetes_pod_controller_name");
+        let set_job = relabelings.iter().find(|r| r["targetLabel"] == "job").expect("job");
+        assert_eq!(set_job["replacement"], job);
+    }
+    let agents = pods["spec"]["podMetricsEndpoints"][0]["relabelings"].as_sequence().expect("relabelings");
+    let last = agents.last().expect("relabelings");
+    assert_eq!((last["targetLabel"].as_str(), last["replacement"].as_str()), (Some("cluster"), Some("eu-1")));
+    assert_eq!(service["spec"]["endpoints"][0]["metricRelabelings"][0]["action"], "drop");
+
+    // Namespaces: the persisters' Service in the release's; app pods where asked.
+    assert_eq!(service["spec"]["namespaceSelector"]["matchNames"][0], "default");
+    assert_eq!(pods["spec"]["namespaceSelector"]["matchNames"][0], "shop");
+
+    // By default the PodMonitor looks in every namespace: app pods live anywhere.
+    let defaults = documents(&render(&["monitoring.podMonitor.enabled=true"]));
+    assert_eq!(monitoring_object(&defaults, "PodMonitor")["spec"]["namespaceSelector"]["any"], true);
+
+    // The rules shipped are the tested ones (monitoring/alerts.yml links to the chart's copy).
+    let rules: Value = serde_norway::from_str(include_str!("../../monitoring/alerts.yml")).expect("alerts.yml");
+    assert_eq!(rule["spec"]["groups"], rules["groups"]);
 }
