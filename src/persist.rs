@@ -22,7 +22,7 @@
 //! then cut off (counted when it was set aside, and again when it is re-read). The ingest-time window is applied at each delivery,
 //! so a message re-read on the other side of it is a row *and* a dead letter: `expired` after a
 //! row stored before the crash (until retention drops that day's partition), or a row after an
-//! `ingest_time_in_future` dead letter (`dead_letters` has no retention).
+//! `ingest_time_in_future` dead letter (until `persist.dead_letter_retention_days` deletes it).
 //!
 //! librdkafka commits a revoked partition's stored offsets during the rebalance only when
 //! auto-commit is enabled (librdkafka#1647), and refuses to store offsets for partitions no
@@ -372,13 +372,26 @@ async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<C
     .await;
 }
 
-/// Creates partitions ahead and applies retention, hourly, on a connection of its own.
+/// Creates partitions ahead and applies retention (day partitions, dead letters), hourly, on a
+/// connection of its own.
 async fn maintain(config: Config, stop: CancellationToken) {
+    metrics::counter!(telemetry::PERSIST_DEAD_LETTERS_DELETED).increment(0);
     loop {
         let result = async {
             let client = writer::connect(&config.postgres).await?;
             schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
-            schema::apply_retention(&client, chrono::Utc::now().date_naive(), config.persist.retention_days).await
+            schema::apply_retention(&client, chrono::Utc::now().date_naive(), config.persist.retention_days).await?;
+            let deleted =
+                schema::apply_dead_letter_retention(&client, config.persist.dead_letter_retention_days).await?;
+            metrics::counter!(telemetry::PERSIST_DEAD_LETTERS_DELETED).increment(deleted);
+            if deleted > 0 {
+                info!(
+                    deleted,
+                    dead_letter_retention_days = config.persist.dead_letter_retention_days,
+                    "deleted dead letters past their retention"
+                );
+            }
+            Ok::<(), PersistError>(())
         }
         .await;
         if let Err(error) = result {

@@ -133,6 +133,8 @@ pub const PERSIST_WRITE_ERRORS: &str = "sluice_persist_write_errors_total";
 pub const PERSIST_COMMIT_ERRORS: &str = "sluice_persist_commit_errors_total";
 /// Messages that could not be parsed as a sluice envelope, kept in `dead_letters`, by `reason`.
 pub const PERSIST_DEAD_LETTERS: &str = "sluice_persist_dead_letters_total";
+/// Dead letters deleted past `persist.dead_letter_retention_days`.
+pub const PERSIST_DEAD_LETTERS_DELETED: &str = "sluice_persist_dead_letters_deleted_total";
 /// Messages stored neither as a row nor as a dead letter (PostgreSQL refused the dead letter
 /// too), by `reason`; each is logged at ERROR with its topic, partition and offset, where it can
 /// still be read from Kafka until the topic's retention ends.
@@ -341,6 +343,7 @@ fn describe_all() {
     describe_counter!(PERSIST_WRITE_ERRORS, "Batch writes that failed and were retried.");
     describe_counter!(PERSIST_COMMIT_ERRORS, "Kafka offset stores or commits that failed.");
     describe_counter!(PERSIST_DEAD_LETTERS, "Messages kept in dead_letters, by reason.");
+    describe_counter!(PERSIST_DEAD_LETTERS_DELETED, "Dead letters deleted past dead_letter_retention_days.");
     describe_counter!(PERSIST_LOST, "Messages PostgreSQL refused as a row and as a dead letter, by reason.");
     describe_gauge!(PERSIST_ASSIGNED_PARTITIONS, "Partitions assigned to this persister.");
     describe_gauge!(PERSIST_POSTGRES_REACHABLE, "1 while PostgreSQL answers the persister.");

@@ -52,6 +52,10 @@ pub struct PersistConfig {
     pub writers: usize,
     /// Day partitions older than this many days are dropped; `0` keeps everything. Default `14`.
     pub retention_days: u32,
+    /// Dead letters received more than this many days ago are deleted (hourly, with the
+    /// partitions' upkeep; counted in `sluice_persist_dead_letters_deleted_total`): read or
+    /// replay them before (docs/DEAD_LETTERS.md). `0` keeps them all. Default `30`.
+    pub dead_letter_retention_days: u32,
     /// Day partitions are created this many days ahead. Default `3`.
     pub partitions_ahead_days: u32,
     /// A record whose `ingest_time` is further ahead of this persister's clock than this is kept
@@ -161,6 +165,7 @@ impl Default for PersistConfig {
             batch_max_wait: Duration::from_millis(500),
             writers: 2,
             retention_days: 14,
+            dead_letter_retention_days: 30,
             partitions_ahead_days: 3,
             max_clock_skew: Duration::from_secs(24 * 3600),
             properties: BTreeMap::new(),

@@ -192,7 +192,7 @@ impl Batch {
                 None => self.rows.push(row),
                 Some((reason, error)) => {
                     let origin = row.origin.clone();
-                    self.dead.push(DeadLetter::new(origin, reason, &error, Some(row.into_written())));
+                    self.dead.push(DeadLetter::new(origin, reason, &error, Some(row.into_envelope())));
                 }
             }
         }
@@ -526,7 +526,7 @@ pub(super) async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut B
                 "postgres rejects a record; it goes to dead_letters");
             let origin = row.origin.clone();
             let letter =
-                DeadLetter::new(origin, DeadLetterReason::RejectedByPostgres, &refused, Some(row.into_written()));
+                DeadLetter::new(origin, DeadLetterReason::RejectedByPostgres, &refused, Some(row.into_envelope()));
             pending.push((Part { rows: Vec::new(), dead: vec![letter] }, None));
         } else if let Some(letter) = part.dead.pop() {
             let plain = letter.ascii_only();

@@ -59,11 +59,65 @@ pub struct Row {
     /// The typed columns' values (`[persist.columns]`, in their order; empty without any).
     pub typed: Vec<Option<super::columns::Typed>>,
     pub origin: Origin,
+    /// The envelope's id as it came, when `key` cannot give it back (a hashed id: another
+    /// producer's); what [`Row::into_envelope`] writes.
+    pub hashed_id: Option<Box<str>>,
 }
 
 impl Row {
-    /// The record as the app wrote it: a JSON record's text, a text record's line. What a dead
-    /// letter keeps of a row PostgreSQL or the write window refuses.
+    /// The row as a JSON envelope (docs/PROTOCOL.md, `v` 1): what a dead letter keeps of a row
+    /// PostgreSQL or the write window refuses, so `sluice replay` can send it again once the
+    /// cause is fixed and it becomes this same row (same key, same columns). The message itself
+    /// is not kept alongside each row: that would double a batch's memory for the rare row that
+    /// is refused.
+    pub fn into_envelope(self) -> Vec<u8> {
+        use serde_json::{Map, json};
+        let id = match self.hashed_id {
+            Some(id) => id.into_string(),
+            None => format!("{}-{}", uuid::Uuid::from_bytes(self.key.agent.0).simple(), self.key.seq),
+        };
+        let mut pod = Map::new();
+        for (name, value) in [
+            ("name", self.pod_name),
+            ("namespace", self.pod_namespace),
+            ("container", self.container_name),
+            ("node", self.node_name),
+        ] {
+            if let Some(value) = value {
+                pod.insert(name.into(), value.into());
+            }
+        }
+        for (name, map) in [("labels", self.pod_labels), ("annotations", self.pod_annotations)] {
+            if let Some(map) = map.and_then(|map| RawValue::from_string(map.0).ok()) {
+                pod.insert(name.into(), serde_json::to_value(map).unwrap_or_default());
+            }
+        }
+        let mut envelope = Map::new();
+        envelope.insert("v".into(), 1.into());
+        envelope.insert("id".into(), id.into());
+        envelope
+            .insert("ingest_time".into(), self.ingest_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true).into());
+        if !pod.is_empty() {
+            envelope.insert("pod".into(), pod.into());
+        }
+        if self.peer_pid.is_some() || self.peer_uid.is_some() || self.peer_gid.is_some() {
+            envelope.insert("peer".into(), json!({ "pid": self.peer_pid, "uid": self.peer_uid, "gid": self.peer_gid }));
+        }
+        // The record last, a JSON record as written (spacing, key order, repeated keys kept).
+        let mut text = Value::Object(envelope).to_string();
+        text.pop();
+        text.push_str(",\"format\":");
+        text.push_str(&Value::from(self.format).to_string());
+        text.push_str(",\"record\":");
+        match self.record {
+            Some(record) => text.push_str(&record.0),
+            None => text.push_str(&json!({ "message": self.message.unwrap_or_default() }).to_string()),
+        }
+        text.push('}');
+        text.into_bytes()
+    }
+
+    /// The record as the app wrote it: a JSON record's text, a text record's line.
     pub fn into_written(self) -> Vec<u8> {
         match self.record {
             Some(JsonText(text)) => text.into_bytes(),
@@ -148,6 +202,11 @@ impl AgentId {
             return Self(id);
         }
         Self::hashed(instance)
+    }
+
+    /// Made from a hash of the id ([`AgentId::hashed`]): the id cannot be read back from it.
+    pub fn is_hashed(&self) -> bool {
+        self.0[8] & 0xe0 == 0xe0
     }
 
     fn hashed(text: &str) -> Self {
@@ -395,11 +454,13 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         Body::Text(line) => (None, None, Some(line.into_owned()), None),
     };
     let peer = envelope.peer.unwrap_or_default();
+    let key = match &envelope.id {
+        RecordId::Text(id) => RecordKey::of(id),
+        RecordId::Parts { instance, sequence } => RecordKey::of_parts(*instance, *sequence),
+    };
+    let hashed_id = key.agent.is_hashed().then(|| envelope.id.text().into_owned().into_boxed_str());
     Parsed::Row(Box::new(Row {
-        key: match &envelope.id {
-            RecordId::Text(id) => RecordKey::of(id),
-            RecordId::Parts { instance, sequence } => RecordKey::of_parts(*instance, *sequence),
-        },
+        key,
         ingest_time: envelope.ingest_time,
         event_time,
         level,
@@ -420,6 +481,7 @@ pub fn parse(value: Option<&[u8]>, origin: Origin) -> Parsed {
         record,
         typed: Vec::new(),
         origin,
+        hashed_id,
     }))
 }
 

@@ -280,6 +280,34 @@ pub async fn apply_retention(
     Ok(dropped)
 }
 
+/// Most dead letters one statement deletes: a backlog of them past retention goes in short
+/// transactions, never one that locks the table for minutes.
+const DEAD_LETTER_DELETE_CHUNK: i64 = 10_000;
+
+/// Deletes dead letters received more than `retention_days` days ago (`0` keeps them all), in
+/// chunks. Returns how many.
+pub async fn apply_dead_letter_retention(client: &Client, retention_days: u32) -> Result<u64, PersistError> {
+    if retention_days == 0 {
+        return Ok(0);
+    }
+    let days = i32::try_from(retention_days).unwrap_or(i32::MAX);
+    let mut deleted = 0;
+    loop {
+        let chunk = client
+            .execute(
+                "DELETE FROM dead_letters WHERE ctid IN (SELECT ctid FROM dead_letters \
+                 WHERE received_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&days, &DEAD_LETTER_DELETE_CHUNK],
+            )
+            .await
+            .map_err(PersistError::Postgres)?;
+        deleted += chunk;
+        if chunk < DEAD_LETTER_DELETE_CHUNK as u64 {
+            return Ok(deleted);
+        }
+    }
+}
+
 /// `"name"` with embedded quotes doubled. Names reaching here are validated identifiers; the
 /// quoting is a second guard, not the first.
 pub fn quote_identifier(name: &str) -> String {

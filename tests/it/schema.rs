@@ -79,6 +79,29 @@ async fn retention_drops_day_partitions_past_the_retention_period_and_keeps_the_
     assert!(schema::apply_retention(&client, today, 0).await.expect("keep all").is_empty());
 }
 
+/// Issue 33: dead letters had no retention; now those received more than
+/// `dead_letter_retention_days` ago go, in chunks, and the rest stay (`0` keeps them all).
+#[tokio::test]
+async fn dead_letter_retention_deletes_those_past_it_and_keeps_the_rest() {
+    let services = services();
+    let config = postgres(&services);
+    let mut client = writer::connect(&config).await.expect("connect");
+    schema::migrate(&mut client, &config.schema).await.expect("migrate");
+    client
+        .batch_execute(
+            "INSERT INTO dead_letters (kafka_topic, kafka_partition, kafka_offset, received_at, reason, error) \
+             SELECT 't', 0, n, now() - make_interval(days => (n % 3) * 20), 'expired', 'x' \
+             FROM generate_series(0, 35999) n",
+        )
+        .await
+        .expect("dead letters received 0, 20 and 40 days ago");
+    assert_eq!(schema::apply_dead_letter_retention(&client, 0).await.expect("keep all"), 0);
+    assert_eq!(schema::apply_dead_letter_retention(&client, 30).await.expect("retention"), 12_000);
+    assert_eq!(schema::apply_dead_letter_retention(&client, 10).await.expect("retention"), 12_000);
+    let left: i64 = client.query_one("SELECT count(*) FROM dead_letters", &[]).await.expect("count").get(0);
+    assert_eq!(left, 12_000, "more than a chunk each time");
+}
+
 #[tokio::test]
 async fn the_v2_upgrade_rewrites_each_row_once_under_any_statement_timeout_and_gives_every_partition_lz4() {
     // Found by the cold review of the V2 table: the upgrade updated every row and then rewrote

@@ -369,3 +369,26 @@ proptest::proptest! {
         proptest::prop_assert_eq!(RecordKey::of_parts(instance, sequence), RecordKey::of(&text));
     }
 }
+
+/// Issue 33, found writing docs/DEAD_LETTERS.md: a row refused by the write window or by
+/// PostgreSQL kept only its record, so `sluice replay` sent a bare record that came back a
+/// `malformed_envelope`. Its dead letter now holds the row as an envelope that becomes the same
+/// row again — from either encoding, with labels, peer, a text line or another producer's id.
+#[test]
+fn a_refused_rows_envelope_becomes_the_same_row_again() {
+    use crate::envelope::EnvelopeKind::{Binary, Json};
+    let with_labels = r#"{"v":1,"id":"not-an-agent's id","ingest_time":"2026-11-30T01:02:03.000004Z","pod":{"name":"web","labels":{"app":"web","team":"a \"b\""},"annotations":{}},"format":"json","record":{ "a":1.50,  "a" : 2 }}"#;
+    let mut messages = vec![with_labels.as_bytes().to_vec(), envelope("text", r#"{"message":"a \"b\""}"#)];
+    for line in [r#"{"ts":1764464523.5,"lvl":"ERROR","msg":"boom"}"#, "plain \"quoted\" text", ""] {
+        messages.push(written(Binary, line));
+        messages.push(written(Json, line));
+    }
+    for message in messages {
+        let Parsed::Row(row) = parse(Some(&message), origin()) else { panic!("a row: {message:?}") };
+        let again = row.clone().into_envelope();
+        let Parsed::Row(replayed) = parse(Some(&again), origin()) else {
+            panic!("{}", String::from_utf8_lossy(&again))
+        };
+        assert_eq!(replayed, row, "{}", String::from_utf8_lossy(&again));
+    }
+}
