@@ -296,6 +296,7 @@ impl Routes {
         match request.uri().path() {
             "/metrics" => {
                 (self.refresh)();
+                crate::telemetry::collect_process_metrics();
                 let mut response = text(StatusCode::OK, self.metrics.render());
                 response.headers_mut().insert(
                     CONTENT_TYPE,

@@ -209,8 +209,14 @@ pub async fn run(
         let follow = reload_agent(live, running.clone(), background.clone()).instrument(info_span!("reload"));
         services.push(tasks.service("reload", background.clone(), follow));
     }
-    let probe = probe_kafka(shipper.clone(), background.clone());
-    services.push(tasks.service("probe", background.clone(), probe));
+    if config.ship.sink == crate::config::Sink::Stdout {
+        // Kafka is not used: nothing to probe (its state reads reachable).
+        let _ = shipper.probe(PROBE_TIMEOUT).await;
+        warn!("ship.sink = \"stdout\": records are printed to stdout, nothing is sent to Kafka");
+    } else {
+        let probe = probe_kafka(shipper.clone(), background.clone());
+        services.push(tasks.service("probe", background.clone(), probe));
+    }
     let spooler_task = spool_writer.map(|writer| {
         let task =
             spooler::run(buffer.clone(), writer, config.buffer.fsync, stages.spooler.clone(), stages.abandon.clone());
@@ -497,8 +503,7 @@ fn producer_settings(config: &Config) -> (ShipConfig, &str, &std::collections::B
 
 /// Applies new configs as they come (SIGHUP or a changed file) until `stop`.
 async fn reload_agent(live: Live, running: Arc<RwLock<Config>>, stop: CancellationToken) {
-    let path = live.reloading.path.clone();
-    reload::follow(path, crate::config::Role::Agent, &running, stop, |current, effective| {
+    reload::follow(&live.reloading, crate::config::Role::Agent, &running, stop, |current, effective| {
         live.apply(current, effective)
     })
     .await;

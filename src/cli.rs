@@ -1,6 +1,7 @@
 //! The `sluice` binary's subcommands that are more than a line of `main`, and how they write
 //! their output.
 
+pub mod replay;
 pub mod serve;
 
 use std::io::Write as _;

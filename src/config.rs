@@ -38,7 +38,7 @@ pub use self::kafka::{KafkaConfig, valid_topic};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::persist::{BASE_COLUMNS, ColumnConfig, ColumnType, PersistConfig};
 pub use self::postgres::{PostgresConfig, valid_identifier};
-pub use self::ship::{DEFAULT_LINGER, EnvelopeKind, KeySource, ShipConfig};
+pub use self::ship::{DEFAULT_LINGER, EnvelopeKind, KeySource, ShipConfig, Sink};
 
 #[cfg(test)]
 mod tests;
@@ -148,17 +148,25 @@ impl Config {
 
     /// Reads `path`, applies `SLUICE_*__*` environment overrides, validates.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with(path, Environment::Read)
+    }
+
+    /// Reads `path` and validates it, with or without the environment: without it
+    /// (`check-config --no-env`), `SLUICE_*__*` overrides are not applied and the variables
+    /// `kafka.properties_from_env` names need not be set — a config checked in CI, away from its
+    /// secrets.
+    pub fn load_with(path: &Path, environment: Environment) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         if !path.is_file() {
             return Err(ConfigError::Parse { file, message: "no such file".into() });
         }
-        let env = Env::prefixed(ENV_PREFIX).filter(|key| key.as_str().contains("__")).split("__");
-        let config: Config = Figment::new()
-            .merge(Toml::file_exact(path))
-            .merge(env)
-            .extract()
-            .map_err(|error| ConfigError::Parse { file: file.clone(), message: describe(&error) })?;
-        config.validate(&file)?;
+        let mut figment = Figment::new().merge(Toml::file_exact(path));
+        if environment == Environment::Read {
+            figment = figment.merge(Env::prefixed(ENV_PREFIX).filter(|key| key.as_str().contains("__")).split("__"));
+        }
+        let config: Config =
+            figment.extract().map_err(|error| ConfigError::Parse { file: file.clone(), message: describe(&error) })?;
+        config.validate_in(&file, environment)?;
         Ok(config)
     }
 
@@ -175,7 +183,11 @@ impl Config {
     /// Checks what types alone cannot. Every error names its key. Each section checks itself;
     /// what involves two sections is checked here.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let at = At { file, prefix: String::new() };
+        self.validate_in(file, Environment::Read)
+    }
+
+    fn validate_in(&self, file: &str, environment: Environment) -> Result<(), ConfigError> {
+        let at = At { file, prefix: String::new(), environment };
         self.log.validate(&at.within("log"))?;
         self.kafka.validate(&at.within("kafka"))?;
         self.agent.validate(&at.within("agent"))?;
@@ -313,12 +325,23 @@ impl Role {
 pub(crate) struct At<'a> {
     file: &'a str,
     prefix: String,
+    /// Whether the environment is read: the variables a config names must then be set.
+    environment: Environment,
+}
+
+/// Whether a config is read with its environment ([`Config::load_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Environment {
+    /// `SLUICE_*__*` overrides applied, the variables the config names required: what runs.
+    Read,
+    /// The file alone (`check-config --no-env`).
+    Ignored,
 }
 
 impl<'a> At<'a> {
     /// The same file, one level down (`ingest` → `ingest.listeners.default`).
     fn within(&self, section: &str) -> At<'a> {
-        At { file: self.file, prefix: self.key(section) }
+        At { file: self.file, prefix: self.key(section), environment: self.environment }
     }
 
     fn key(&self, key: &str) -> String {

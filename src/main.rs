@@ -47,6 +47,10 @@ enum Command {
         /// Config file (TOML).
         #[arg(short, long, env = "SLUICE_CONFIG")]
         config: PathBuf,
+        /// Print each record as one JSON line on stdout instead of sending it to Kafka
+        /// (`ship.sink = "stdout"`): see what a config ships before touching Kafka.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Run a persister: consume the topic and write records to PostgreSQL.
     Persist {
@@ -54,10 +58,45 @@ enum Command {
         #[arg(short, long, env = "SLUICE_CONFIG")]
         config: PathBuf,
     },
+    /// Send dead letters back to Kafka once their cause is fixed, and mark them
+    /// (docs/DEAD_LETTERS.md). Idempotent: a record is stored once however often it is replayed.
+    Replay {
+        /// The persister's config file (TOML): its Kafka and PostgreSQL.
+        #[arg(short, long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+        /// Only dead letters with this reason (`malformed_envelope`, `ingest_time_in_future`…).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only those received at or after: an RFC 3339 time, or a duration before now (`2h`).
+        #[arg(long, value_parser = cli::replay::parse_time)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only those received before: an RFC 3339 time, or a duration before now.
+        #[arg(long, value_parser = cli::replay::parse_time)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only this one, `TOPIC/PARTITION/OFFSET` (repeatable).
+        #[arg(long = "id")]
+        ids: Vec<sluice::persist::replay::DeadLetterId>,
+        /// Send them to this topic instead of the one each was read from.
+        #[arg(long)]
+        topic: Option<String>,
+        /// At most this many.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Also those replayed before (each is marked when it is).
+        #[arg(long)]
+        again: bool,
+        /// List them; send and mark nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Validate a config file and print the effective config, secrets redacted.
     CheckConfig {
         /// Config file (TOML).
         file: PathBuf,
+        /// Check the file alone: no `SLUICE_*__*` overrides, and the variables
+        /// `kafka.properties_from_env` names need not be set (CI, away from the secrets).
+        #[arg(long)]
+        no_env: bool,
     },
     /// Send records to an agent's socket: each MESSAGE as one record, or stdin line by line.
     Send {
@@ -155,9 +194,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { file } => cli::serve::check_config(&file),
-        Command::Agent { config } => cli::serve::serve(&config, Role::Agent),
-        Command::Persist { config } => cli::serve::serve(&config, Role::Persist),
+        Command::Replay { config, reason, since, until, ids, topic, limit, again, dry_run } => {
+            let selection = sluice::persist::replay::Selection { reason, since, until, ids, again, limit };
+            cli::replay::run(&config, &sluice::persist::replay::Options { selection, topic, dry_run })
+        }
+        Command::CheckConfig { file, no_env } => cli::serve::check_config(&file, no_env),
+        Command::Agent { config, dry_run } => cli::serve::serve(&config, Role::Agent, dry_run),
+        Command::Persist { config } => cli::serve::serve(&config, Role::Persist, false),
         Command::Status { admin, interval } => report(runtime().and_then(|rt| {
             rt.block_on(async {
                 cli::print(&sluice::status::status(admin, interval).await?).context("writing to stdout")

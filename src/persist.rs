@@ -52,6 +52,7 @@ use crate::telemetry;
 pub mod columns;
 mod consumer;
 mod lanes;
+pub mod replay;
 pub mod row;
 pub mod schema;
 pub mod writer;
@@ -359,8 +360,7 @@ impl Health {
 
 /// Applies new configs (log level, batch limits) as they come until `stop`.
 async fn reload_persister(reloading: Reloading, running: Arc<std::sync::RwLock<Config>>, stop: CancellationToken) {
-    let path = reloading.path.clone();
-    reload::follow(path, crate::config::Role::Persist, &running, stop, |current, effective| {
+    reload::follow(&reloading, crate::config::Role::Persist, &running, stop, |current, effective| {
         if current.log.level != effective.log.level
             && let Some(log) = &reloading.log
             && let Err(error) = log.set_level(&effective.log.level)

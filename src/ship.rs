@@ -29,11 +29,12 @@ use tracing::{error, info, warn};
 
 use crate::buffer::spool::{SpoolPos, SpoolReader};
 use crate::buffer::{Buffer, LIBRDKAFKA_SHARE, ProducerShare, Record, Work};
-use crate::config::Config;
+use crate::config::{Config, Sink};
 use crate::lifecycle::Tasks;
 use crate::telemetry;
 use crate::telemetry::outcome::{self, Failed};
 
+mod console;
 #[cfg(test)]
 mod model;
 mod polled;
@@ -328,6 +329,11 @@ pub struct Shipper {
     /// Producers replaced after a fatal error in a row, none of which Kafka stored a record of
     /// (a producer fatal from birth: a missing ACL): each replacement waits longer.
     fatal_streak: std::sync::atomic::AtomicU32,
+    /// Where records go (`ship.sink`, fixed at start): with `stdout` the producer is created
+    /// without brokers and never used.
+    sink: Sink,
+    /// Set while printing to stdout fails (a closed pipe): said once, not per record.
+    stdout_failing: AtomicBool,
 }
 
 /// The Kafka headers records carry: `ship.headers` as configured, and with
@@ -424,7 +430,12 @@ impl Shipper {
         tasks: Tasks,
         topics: Arc<crate::topic::Topics>,
     ) -> Result<Self, ShipError> {
-        let client = producer_config(config, &buffer);
+        let mut client = producer_config(config, &buffer);
+        if config.ship.sink == Sink::Stdout {
+            // Printing, not sending: the producer (kept so the rest of the shipper is the same)
+            // knows no broker, so it never connects.
+            client.remove("bootstrap.servers");
+        }
         let headers = RecordHeaders::new(config);
         buffer.set_header_bytes(headers.bytes());
         let polling = Arc::new(());
@@ -446,6 +457,8 @@ impl Shipper {
             polling,
             retiring: std::sync::Mutex::new(Vec::new()),
             fatal_streak: std::sync::atomic::AtomicU32::new(0),
+            sink: config.ship.sink,
+            stdout_failing: AtomicBool::new(false),
         })
     }
 
@@ -660,13 +673,17 @@ impl Shipper {
     async fn send(&self, record: Record, stop: &CancellationToken) {
         let (payload, key, in_flight) = InFlight::new(record);
         let topic = in_flight.topic.clone().unwrap_or_else(|| self.topics.default_topic());
+        let headers = self.headers.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let headers = headers.for_record(&payload);
+        if self.sink == Sink::Stdout {
+            return self.print(&topic, key.as_deref(), headers.as_ref(), &payload, in_flight).await;
+        }
         let mut producer = self.producer();
         let mut base = BaseRecord::with_opaque_to(&topic, in_flight).payload(&payload[..]);
         if let Some(key) = &key {
             base = base.key(&key[..]);
         }
-        let headers = self.headers.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        if let Some(headers) = headers.for_record(&payload) {
+        if let Some(headers) = headers {
             base = base.headers(headers);
         }
         loop {
@@ -721,9 +738,51 @@ impl Shipper {
         }
     }
 
+    /// The console sink ([`console`]): the record printed as one JSON line and settled as
+    /// delivered. If stdout cannot be written (a closed pipe), the record goes back into the
+    /// buffer like one Kafka did not take, and waits there under the buffer's policy.
+    async fn print(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        headers: Option<&rdkafka::message::OwnedHeaders>,
+        payload: &[u8],
+        in_flight: Box<InFlight>,
+    ) {
+        use tokio::io::AsyncWriteExt as _;
+        let mut line = console::line(topic, key, headers, payload);
+        line.push('\n');
+        let mut stdout = tokio::io::stdout();
+        match stdout.write_all(line.as_bytes()).await.and(stdout.flush().await) {
+            Ok(()) => {
+                self.stdout_failing.store(false, Ordering::Relaxed);
+                metrics::counter!(telemetry::SHIP_DELIVERED).increment(1);
+                metrics::counter!(telemetry::SHIP_DELIVERED_BYTES).increment(payload.len() as u64);
+                // Settling may delete a finished spool segment: not on a runtime worker.
+                let buffer = self.buffer.clone();
+                let settled = tokio::task::spawn_blocking(move || buffer.settle_delivered(&mut vec![*in_flight]));
+                if settled.await.is_err() {
+                    self.tasks.fail("stdout-sink", "settling a printed record panicked");
+                }
+            }
+            Err(error) => {
+                if !self.stdout_failing.swap(true, Ordering::Relaxed) {
+                    error!(%error, "cannot print records to stdout (ship.sink = \"stdout\"); they stay in the buffer");
+                }
+                self.buffer.retry(*in_flight, payload, key);
+            }
+        }
+    }
+
     /// Asks Kafka for the topic's metadata (on the blocking pool) and records the answer in the
     /// reachability flags and `sluice_kafka_reachable`; the caller says what changed.
     pub async fn probe(&self, timeout: Duration) -> Result<(), KafkaError> {
+        if self.sink == Sink::Stdout {
+            // Nothing is sent to Kafka: it is not asked either.
+            self.reached_once.store(true, Ordering::Relaxed);
+            self.reachable.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
         let producer = self.producer();
         let topic = self.topics.default_topic().to_string();
         let answer =

@@ -265,6 +265,7 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
         .map_err(|error| RecorderError(error.to_string()))?;
     tokio::spawn(keep_histograms_bounded(handle.clone(), recorded));
     describe_all();
+    process_collector().describe();
     metrics::gauge!(
         BUILD_INFO,
         "version" => env!("CARGO_PKG_VERSION"),
@@ -273,6 +274,19 @@ pub fn install_recorder(role: &'static str) -> Result<PrometheusHandle, Recorder
     )
     .set(1.0);
     Ok(handle)
+}
+
+/// The process's own figures (`process_*`: resident and virtual memory, CPU seconds, open and
+/// maximum file descriptors, threads, start time), the names every Prometheus client library
+/// uses, read from `/proc` when `/metrics` is scraped (never on a timer: an idle sidecar stays
+/// idle). Bounded memory is the product's promise; these let an SRE see it kept.
+pub fn collect_process_metrics() {
+    process_collector().collect();
+}
+
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
 /// The counters (`sluice_*_total`) of a rendered scrape, one `name{labels} value` per line: what

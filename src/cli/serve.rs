@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sluice::admin::AdminListener;
-use sluice::config::{Config, Role};
+use sluice::config::{Config, Environment, Role};
 use sluice::shutdown::Shutdown;
 use sluice::{agent, persist, telemetry};
 
@@ -25,10 +25,21 @@ const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `Config::load`, and for a config an agent runs, the producer it makes
 /// (`sluice::ship::check_producer`: librdkafka's checks across properties).
-fn load(file: &std::path::Path, role: Option<Role>) -> Result<Config, sluice::config::ConfigError> {
-    let config = Config::load(file)?;
+fn load(
+    file: &std::path::Path,
+    role: Option<Role>,
+    environment: Environment,
+) -> Result<Config, sluice::config::ConfigError> {
+    let config = Config::load_with(file, environment)?;
+    let mut producer = config.clone();
+    if environment == Environment::Ignored {
+        // The secrets are not here: librdkafka checks the settings with stand-ins.
+        for (property, _) in std::mem::take(&mut producer.kafka.properties_from_env) {
+            producer.kafka.properties.insert(property, "stand-in (check-config --no-env)".into());
+        }
+    }
     if role != Some(Role::Persist)
-        && let Err(refused) = sluice::ship::check_producer(&config)
+        && let Err(refused) = sluice::ship::check_producer(&producer)
     {
         return Err(sluice::config::ConfigError::Invalid {
             file: file.display().to_string(),
@@ -39,13 +50,22 @@ fn load(file: &std::path::Path, role: Option<Role>) -> Result<Config, sluice::co
     Ok(config)
 }
 
-/// Validates a config file and prints the effective config, secrets redacted.
-pub fn check_config(file: &std::path::Path) -> ExitCode {
-    match load(file, None) {
+/// Validates a config file and prints the effective config, secrets redacted; with `no_env`,
+/// the file alone ([`Environment::Ignored`]).
+pub fn check_config(file: &std::path::Path, no_env: bool) -> ExitCode {
+    let environment = if no_env { Environment::Ignored } else { Environment::Read };
+    match load(file, None, environment) {
         Ok(config) => {
-            // A TOML comment, so the output stays a config file.
+            // TOML comments, so the output stays a config file.
+            let environment = match environment {
+                Environment::Read => "",
+                Environment::Ignored => {
+                    "# environment: not read (--no-env): no SLUICE_*__* overrides; the variables of \
+                     kafka.properties_from_env are not checked\n"
+                }
+            };
             let text = format!(
-                "# postgres TLS: {}\n# persister subscribes to: {}\n{}",
+                "{environment}# postgres TLS: {}\n# persister subscribes to: {}\n{}",
                 config.postgres.describe_tls(),
                 config.subscriptions().join(", "),
                 config.to_redacted_toml()
@@ -65,17 +85,23 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
     }
 }
 
-/// Runs `role` with the config in `file` until it has shut down.
-pub fn serve(file: &std::path::Path, role: Role) -> ExitCode {
-    let config = match load(file, Some(role)) {
-        Ok(config) => config,
+/// Runs `role` with the config in `file` until it has shut down; `dry_run` (the agent's
+/// `--dry-run`) sets `ship.sink = "stdout"`.
+pub fn serve(file: &std::path::Path, role: Role, dry_run: bool) -> ExitCode {
+    let config = match load(file, Some(role), Environment::Read) {
+        Ok(mut config) => {
+            if dry_run {
+                config.ship.sink = sluice::config::Sink::Stdout;
+            }
+            config
+        }
         Err(error) => {
             eprintln!("sluice: config error: {error}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
     let log = telemetry::init_logging(&config.log);
-    let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log });
+    let reloading = Some(sluice::config::reload::Reloading { path: file.to_path_buf(), log, dry_run });
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -191,7 +191,7 @@ impl KafkaConfig {
             }
         }
         for (property, variable) in &self.properties_from_env {
-            if std::env::var_os(variable).is_none() {
+            if at.environment == super::Environment::Read && std::env::var_os(variable).is_none() {
                 return Err(at.invalid(
                     &format!("properties_from_env.\"{property}\""),
                     format!("environment variable {variable} is not set"),

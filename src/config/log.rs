@@ -75,7 +75,9 @@ mod tests {
 
     fn check(level: &str) -> Result<(), String> {
         let config = LogConfig { level: level.into(), format: LogFormat::Auto };
-        config.validate(&At { file: "sluice.toml", prefix: "log".into() }).map_err(|error| error.to_string())
+        config
+            .validate(&At { file: "sluice.toml", prefix: "log".into(), environment: crate::config::Environment::Read })
+            .map_err(|error| error.to_string())
     }
 
     #[test]

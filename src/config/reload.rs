@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::warn;
 
-use super::{Config, ConfigError, Role};
+use super::{Config, ConfigError, Role, ShipConfig};
 use crate::telemetry;
 use crate::telemetry::outcome::Reload;
 
@@ -60,6 +60,10 @@ impl Role {
     }
 }
 
+/// Keys inside a live section that still need a restart: `ship.sink` (the shipper is built for
+/// one sink at start).
+const RESTART_ONLY: &[&str] = &["ship.sink"];
+
 /// What a new config means for a running process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -79,7 +83,8 @@ pub fn plan(role: Role, running: &Config, new: &Config) -> Plan {
         .filter(|key| role.sections().iter().any(|section| key.split('.').next() == Some(*section)))
         .collect();
     let is_live = |key: &String| {
-        role.live().iter().any(|live| if live.ends_with('.') { key.starts_with(live) } else { key == live })
+        !RESTART_ONLY.contains(&key.as_str())
+            && role.live().iter().any(|live| if live.ends_with('.') { key.starts_with(live) } else { key == live })
     };
     let (live, restart): (Vec<String>, Vec<String>) = relevant.into_iter().partition(is_live);
     let mut effective = running.clone();
@@ -89,7 +94,7 @@ pub fn plan(role: Role, running: &Config, new: &Config) -> Plan {
             Role::Agent => {
                 effective.buffer.when_full = new.buffer.when_full;
                 effective.buffer.block_timeout = new.buffer.block_timeout;
-                effective.ship = new.ship.clone();
+                effective.ship = ShipConfig { sink: running.ship.sink, ..new.ship.clone() };
                 effective.kafka.brokers = new.kafka.brokers.clone();
                 effective.kafka.properties = new.kafka.properties.clone();
                 effective.kafka.topic = new.kafka.topic.clone();
@@ -154,6 +159,22 @@ pub struct Reloading {
     pub path: PathBuf,
     /// Changes the log level; `None` when logging was set up by someone else (tests).
     pub log: Option<telemetry::LogHandle>,
+    /// `sluice agent --dry-run`: every config read from the file prints too (`ship.sink`
+    /// stays `"stdout"`, whatever the file says).
+    pub dry_run: bool,
+}
+
+impl Reloading {
+    /// `event` with what the command line fixed applied, as at start.
+    fn as_started(&self, event: Event) -> Event {
+        match event {
+            Event::Valid(mut config) if self.dry_run => {
+                config.ship.sink = super::Sink::Stdout;
+                Event::Valid(config)
+            }
+            other => other,
+        }
+    }
 }
 
 /// Counts one reload attempt by its result.
@@ -200,19 +221,20 @@ fn applied(previous: &Config, plan: Plan, running: &std::sync::RwLock<Config>) {
 /// it): then it is counted rejected and the running config stays. The one reload loop of both
 /// roles.
 pub async fn follow(
-    path: PathBuf,
+    reloading: &Reloading,
     role: Role,
     running: &std::sync::RwLock<Config>,
     stop: tokio_util::sync::CancellationToken,
     mut apply: impl FnMut(&Config, &Config) -> Result<(), String>,
 ) {
-    let mut watcher = match Watcher::new(path) {
+    let mut watcher = match Watcher::new(reloading.path.clone()) {
         Ok(watcher) => watcher,
         Err(error) => return warn!(%error, "config reload disabled"),
     };
     // The watcher's first look at the file comes after the start's load: a change in between (a
     // ConfigMap updated as the pod starts) would otherwise pass for what runs. Apply it if so.
     if let Some(event) = watcher.load().await {
+        let event = reloading.as_started(event);
         let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let unchanged = matches!(&event, Event::Valid(config) if **config == current);
         if !unchanged && let Some(plan) = judge(role, &current, event) {
@@ -222,7 +244,7 @@ pub async fn follow(
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => break,
-            event = watcher.next() => event,
+            event = watcher.next() => reloading.as_started(event),
         };
         let current = running.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let Some(plan) = judge(role, &current, event) else { continue };

@@ -70,6 +70,23 @@ pub struct ShipConfig {
     pub envelope: EnvelopeKind,
     /// librdkafka properties for the producer only, applied after `kafka.properties`.
     pub properties: BTreeMap<String, String>,
+    /// Where records go: `"kafka"`, or `"stdout"` — each record printed as one JSON line (its
+    /// topic, key, headers and envelope) instead of being sent, to see what a config would ship
+    /// (multiline joins, templates, masking) before touching Kafka. `sluice agent --dry-run`
+    /// sets it. Takes effect at start. Default `"kafka"`.
+    pub sink: Sink,
+}
+
+/// Where the shipper sends records (`ship.sink`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Sink {
+    /// The Kafka topic (`kafka.topic`): the product.
+    #[default]
+    Kafka,
+    /// The agent's standard output, one JSON line per record; nothing reaches Kafka. Each printed
+    /// record counts as delivered.
+    Stdout,
 }
 
 impl Default for ShipConfig {
@@ -86,6 +103,7 @@ impl Default for ShipConfig {
             metadata_headers: false,
             envelope: EnvelopeKind::Binary,
             properties: BTreeMap::new(),
+            sink: Sink::Kafka,
         }
     }
 }

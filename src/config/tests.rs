@@ -487,7 +487,7 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
 }
 
 mod reloading {
-    use super::super::reload::{changed_keys, concerns_the_file, fingerprint, follow, plan};
+    use super::super::reload::{Reloading, changed_keys, concerns_the_file, fingerprint, follow, plan};
     use super::*;
 
     /// Seen in CI (issue 15, 2026-12-04): the agent's log beside its config file kept the folder
@@ -515,7 +515,8 @@ mod reloading {
         let running = std::sync::RwLock::new(Config::default());
         let stop = tokio_util::sync::CancellationToken::new();
         let mut applied = Vec::new();
-        let follow = follow(path, Role::Agent, &running, stop.clone(), |_, new| {
+        let reloading = Reloading { path, log: None, dry_run: false };
+        let follow = follow(&reloading, Role::Agent, &running, stop.clone(), |_, new| {
             applied.push(new.buffer.when_full);
             Ok(())
         });
@@ -525,6 +526,30 @@ mod reloading {
         }
         assert_eq!(applied, vec![WhenFull::DropOldest]);
         assert_eq!(running.read().expect("lock").buffer.when_full, WhenFull::DropOldest);
+    }
+
+    /// Found with the dry-run test (issue 33): `--dry-run` over a file that names no sink had
+    /// every reload warn that `ship.sink` needs a restart, and a restart would not change it.
+    #[tokio::test]
+    async fn a_dry_run_agent_keeps_printing_across_reloads_and_applies_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[buffer]\nwhen_full = \"drop_oldest\"\n").expect("write");
+        let mut started = Config::default();
+        started.ship.sink = crate::config::Sink::Stdout;
+        let running = std::sync::RwLock::new(started);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut applied = Vec::new();
+        let reloading = Reloading { path, log: None, dry_run: true };
+        let follow = follow(&reloading, Role::Agent, &running, stop.clone(), |_, new| {
+            applied.push((new.buffer.when_full, new.ship.sink));
+            Ok(())
+        });
+        tokio::select! {
+            _ = follow => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => stop.cancel(),
+        }
+        assert_eq!(applied, vec![(WhenFull::DropOldest, crate::config::Sink::Stdout)]);
     }
 
     /// What the watcher reports within `within`, or `None`.

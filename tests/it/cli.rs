@@ -130,6 +130,28 @@ fn the_production_shaped_examples_pass_check_config_with_their_secret_set() {
     }
 }
 
+/// Issue 33: a config checked in CI, away from its secrets and from the shell's overrides.
+#[test]
+fn check_config_no_env_checks_the_file_alone_without_its_secrets() {
+    let path = source_path("config/examples/agent-disk-sasl.toml").display().to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", "--no-env", &path])
+        .env_remove("SLUICE_KAFKA_SASL_PASSWORD")
+        .env("SLUICE_BUFFER__WHEN_FULL", "sometimes")
+        .output()
+        .expect("run");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.starts_with("# environment: not read (--no-env)"), "{shown}");
+    assert!(!shown.contains("sometimes"), "the override is not applied: {shown}");
+    // The file's own mistakes are still found.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "[buffer]\nwhen_ful = \"drop_newest\"\n").expect("write");
+    let output = sluice(&["check-config", "--no-env", typo.to_str().expect("path")]);
+    assert_eq!(output.status.code(), Some(78));
+}
+
 #[test]
 fn check_config_says_which_postgres_tls_is_in_effect_and_stays_valid_toml() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -156,4 +178,64 @@ fn check_config_says_which_postgres_tls_is_in_effect_and_stays_valid_toml() {
     let output = sluice(&["check-config", path.to_str().expect("path")]);
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(shown.contains("# persister subscribes to: ^logs\\..*$, logs.other\n"), "{shown}");
+}
+
+/// Issue 33: a platform team sees what a config would ship — the topic its template picks, the
+/// masking, a multiline join — with no Kafka at all (`kafka.brokers` names a closed port).
+#[tokio::test]
+async fn dry_run_prints_each_record_as_shipped_without_kafka_and_counts_it_delivered() {
+    let mut config = TestConfig::empty("sluice-dry-run");
+    config
+        .set("kafka", "brokers", sluice_harness::NO_BROKER)
+        .set("kafka", "topic", "logs.{record.service}")
+        .set("kafka", "default_topic", "logs.other")
+        .set("agent", "admin_listen", "127.0.0.1:0");
+    let socket = config.add_listener("default", "lines");
+    let mut multiline = toml::Table::new();
+    multiline.insert("preset".into(), "java".into());
+    multiline.insert("flush_timeout".into(), "200ms".into());
+    config.listener("default", "multiline", toml::Value::Table(multiline));
+    let rules: toml::Table = toml::from_str(r#"rules = [{ name = "email", preset = "email" }]"#).expect("rules");
+    config.set("ingest", "redact", toml::Value::Table(rules));
+    let path = config.write();
+    let mut agent =
+        Process::spawn("agent", &["agent", "--config", path.to_str().expect("path"), "--dry-run"], config.dir.path());
+    agent.wait_admin().await;
+    send_lines(
+        &socket,
+        &[
+            b"ERROR payment failed".to_vec(),
+            b"java.lang.IllegalStateException: no".to_vec(),
+            b"\tat shop.Cart.pay(Cart.java:42)".to_vec(),
+            br#"{"service":"billing","message":"sent to ada@example.com"}"#.to_vec(),
+        ],
+    )
+    .await;
+    let printed = sluice_harness::eventually("two records printed", || {
+        let lines: Vec<serde_json::Value> = agent
+            .log_text()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line.get("envelope").is_some())
+            .collect();
+        std::future::ready((lines.len() >= 2).then_some(lines))
+    })
+    .await;
+    let (trace, billing) = (&printed[0], &printed[1]);
+    assert_eq!(billing["topic"], "logs.billing", "{billing}");
+    assert_eq!(billing["envelope"]["format"], "json", "{billing}");
+    let message = billing["envelope"]["record"]["message"].as_str().expect("message");
+    assert!(!message.contains("ada@example.com"), "masked before it is shipped: {message}");
+    assert_eq!(trace["topic"], "logs.other", "no service field: the default topic: {trace}");
+    assert_eq!(
+        trace["envelope"]["record"]["message"],
+        "ERROR payment failed\njava.lang.IllegalStateException: no\n\tat shop.Cart.pay(Cart.java:42)",
+        "the stack trace joined into one record: {trace}"
+    );
+    let delivered = scrape(agent.admin()).await.count(sluice::telemetry::SHIP_DELIVERED, &[]);
+    assert_eq!(delivered, 2.0);
+    assert!(agent.stop(WAIT).await.success(), "{}", agent.log_tail(20));
+    let log = agent.log_text();
+    assert!(!log.contains("kafka reachable") && !log.contains("127.0.0.1:1"), "Kafka was never asked: {log}");
+    assert!(!log.contains("change only with a restart"), "{log}");
 }

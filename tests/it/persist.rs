@@ -626,3 +626,74 @@ type = "text""#,
     assert!(!status.success());
     assert!(wrong.log_text().contains("persist.columns.ok"), "{}", wrong.log_text());
 }
+
+/// `sluice replay` with the persister's config; its stdout and stderr.
+fn replay(config: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(sluice_harness::binary())
+        .args(["replay", "--config", config.to_str().expect("path")])
+        .args(args)
+        .output()
+        .expect("run sluice replay");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.success(), text(&output.stdout), text(&output.stderr))
+}
+
+/// Issue 33: dead letters replayed once their cause is fixed become rows — one each, however
+/// often they are replayed — and are marked; those of another reason stay as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_dead_letters_become_one_row_each_once_the_cause_is_fixed_and_are_marked() {
+    let (mut setup, mut persister, db) = persister(topic().set("persist", "max_clock_skew", "1h")).await;
+    let ahead = (Utc::now() + chrono::Duration::hours(3)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let messages = vec![envelope("r-1", &ahead, "{}"), b"not an envelope".to_vec(), envelope("r-2", &ahead, "{}")];
+    produce_to(&setup, &messages).await;
+    until("three dead letters", || async {
+        let letters = dead_letters(&db).await;
+        if letters.len() == 3 { Ok(()) } else { Err(format!("{letters:?}")) }
+    })
+    .await;
+
+    // The cause fixed: persisters that allow a day of clock skew.
+    assert!(persister.stop(WAIT).await.success());
+    setup.config.set("persist", "max_clock_skew", "1d");
+    let _persister = setup.persister().await;
+    let config = setup.config.write();
+
+    let (ok, listed, _) = replay(&config, &["--reason", "ingest_time_in_future", "--dry-run"]);
+    assert!(ok);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+    assert!(listed.lines().all(|line| line.contains("ingest_time_in_future")), "{listed}");
+    let (ok, sent, summary) = replay(&config, &["--reason", "ingest_time_in_future"]);
+    assert!(ok, "{summary}");
+    assert!(summary.contains("replayed 2 dead letters (ingest_time_in_future: 2)"), "{summary}");
+    assert_eq!(sent.lines().filter(|line| line.ends_with(" replayed")).count(), 2, "{sent}");
+    until("the replayed records stored", || async {
+        let stored = stored_keys(&db).await;
+        if stored == keys(&["r-1", "r-2"]) { Ok(()) } else { Err(format!("{stored:?}")) }
+    })
+    .await;
+    let marked: Vec<(String, bool)> = db
+        .query("SELECT reason, replayed_at IS NOT NULL FROM dead_letters ORDER BY kafka_offset", &[])
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let marked: Vec<(&str, bool)> = marked.iter().map(|(reason, marked)| (reason.as_str(), *marked)).collect();
+    assert_eq!(
+        marked,
+        [("ingest_time_in_future", true), ("malformed_envelope", false), ("ingest_time_in_future", true)]
+    );
+
+    // Again: nothing is chosen. Forced: sent again, and still one row each, no new dead letter.
+    let (ok, _, summary) = replay(&config, &["--reason", "ingest_time_in_future"]);
+    assert!(ok && summary.contains("replayed 0 dead letters (none chosen)"), "{summary}");
+    let (ok, _, summary) = replay(&config, &["--again", "--id", &format!("{}/0/0", setup.topic)]);
+    assert!(ok && summary.contains("replayed 1 dead letters"), "{summary}");
+    until_caught_up(&setup.config).await;
+    assert_eq!(stored_keys(&db).await, keys(&["r-1", "r-2"]));
+    assert_eq!(dead_letters(&db).await.len(), 3);
+
+    // A reason no persister writes is refused, naming the ones there are.
+    let (ok, _, refusal) = replay(&config, &["--reason", "ingest_time_in_futur"]);
+    assert!(!ok && refusal.contains("ingest_time_in_future"), "{refusal}");
+}
