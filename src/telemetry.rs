@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::config::{LogConfig, LogFormat};
 
 pub mod librdkafka;
+pub mod log_format;
 pub mod outcome;
 pub mod repeats;
 pub mod scrape;
@@ -289,16 +290,26 @@ fn process_collector() -> &'static metrics_process::Collector {
     COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
-/// The counters (`sluice_*_total`) of a rendered scrape, one `name{labels} value` per line: what
-/// a process logs as its last word ("final counts"), so what it counted after the last scrape
-/// (a drain's drops, say) is not lost with it.
+/// The counters (`sluice_*_total`) of a rendered scrape as one JSON object, series → value
+/// (`{"sluice_buffer_records_dropped_total{reason=\"drop_newest\"}":3,…}`): what a process logs
+/// as its last word ("final counts", the field `counts`), so what it counted after the last
+/// scrape (a drain's drops, say) is not lost with it. The JSON log format writes it as an object.
 pub fn final_counts(exposition: &str) -> String {
-    exposition
-        .lines()
-        .filter(|line| line.starts_with("sluice_"))
-        .filter(|line| line.split(['{', ' ']).next().is_some_and(|name| name.ends_with("_total")))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let counts: serde_json::Map<String, serde_json::Value> = crate::telemetry::scrape::Scrape::parse(exposition)
+        .samples()
+        .iter()
+        .filter(|sample| sample.name.starts_with(PREFIX) && sample.name.ends_with("_total"))
+        .map(|sample| {
+            // Counters are whole numbers: written as integers.
+            let value = if sample.value.fract() == 0.0 && (0.0..9.0e15).contains(&sample.value) {
+                serde_json::Value::from(sample.value as u64)
+            } else {
+                serde_json::Value::from(sample.value)
+            };
+            (sample.series().to_string(), value)
+        })
+        .collect();
+    serde_json::Value::Object(counts).to_string()
 }
 
 fn describe_all() {
@@ -455,7 +466,9 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
     };
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if json {
-        registry.with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr)).try_init()
+        registry
+            .with(tracing_subscriber::fmt::layer().event_format(log_format::FlatJson).with_writer(std::io::stderr))
+            .try_init()
     } else {
         registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(terminal)).try_init()
     };
@@ -489,7 +502,7 @@ mod tests {
             .finish();
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!("an ordinary line");
-            tracing::info!(target: FINAL_COUNTS_TARGET, counters = "sluice_x_total 1", "final counts");
+            tracing::info!(target: FINAL_COUNTS_TARGET, counts = r#"{"sluice_x_total":1}"#, "final counts");
         });
         let text = String::from_utf8(captured.0.lock().expect("captured").clone()).expect("utf-8");
         assert!(text.contains("final counts"), "{text}");
@@ -506,9 +519,13 @@ mod tests {
                       sluice_ship_delivery_latency_seconds_bucket{le=\"0.1\"} 4\n\
                       sluice_ship_delivery_latency_seconds_count 4\n\
                       other_total 1\n";
+        let counts: serde_json::Value = serde_json::from_str(&final_counts(scrape)).expect("an object");
         assert_eq!(
-            final_counts(scrape),
-            "sluice_ship_records_delivered_total 12\nsluice_buffer_records_dropped_total{reason=\"drop_newest\"} 3"
+            counts,
+            serde_json::json!({
+                "sluice_ship_records_delivered_total": 12,
+                "sluice_buffer_records_dropped_total{reason=\"drop_newest\"}": 3,
+            })
         );
     }
 }

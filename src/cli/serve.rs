@@ -129,7 +129,7 @@ pub fn serve(file: &std::path::Path, role: Role, dry_run: bool) -> ExitCode {
                 // The last word: what this process counted, also after the last scrape.
                 tracing::info!(
                     target: telemetry::FINAL_COUNTS_TARGET,
-                    counters = telemetry::final_counts(&scrape.render()),
+                    counts = %telemetry::final_counts(&scrape.render()),
                     "final counts"
                 );
                 result.map(|()| ExitCode::SUCCESS)

@@ -12,8 +12,9 @@ use super::{At, ConfigError};
 pub struct LogConfig {
     /// A `tracing` filter directive, e.g. `"info"` or `"info,sluice::ship=debug"`. Default `"info"`.
     pub level: String,
-    /// `"text"` for people, `"json"` for log collectors, `"auto"`: JSON unless stderr is a
-    /// terminal. Default `"auto"`.
+    /// `"text"` for people, `"json"` for log collectors (one flat object per line: `timestamp`,
+    /// `level`, `message`, `target`, `span`, then the fields; see `telemetry::log_format`),
+    /// `"auto"`: JSON unless stderr is a terminal. Default `"auto"`.
     pub format: LogFormat,
 }
 

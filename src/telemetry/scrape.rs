@@ -90,6 +90,18 @@ impl Scrape {
         Self { samples }
     }
 
+    /// The samples of a `final counts` log line's `counts` object (series → value; see
+    /// [`crate::telemetry::final_counts`]).
+    pub fn from_counts(counts: &serde_json::Value) -> Self {
+        let lines: Vec<String> = counts
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(series, value)| Some(format!("{series} {}", value.as_f64()?)))
+            .collect();
+        Self::parse(&lines.join("\n"))
+    }
+
     /// Every sample, in exposition order.
     pub fn samples(&self) -> &[Sample] {
         &self.samples

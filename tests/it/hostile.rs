@@ -629,7 +629,7 @@ async fn records_queued_behind_a_wait_for_read_room_at_the_drain_deadline_are_co
         .collect();
     let started = starts.iter().filter(|at| **at < floor).count() as u64;
     let complete = victim_bytes[..floor].iter().filter(|byte| **byte == b'\n').count() as u64;
-    let abandoned = report["fields"]["abandoned"].as_u64().unwrap_or(0);
+    let abandoned = report["abandoned"].as_u64().unwrap_or(0);
     let truncated = final_count(&log, telemetry::INGEST_REJECTED, &[("reason", "truncated")]) as u64;
     let context = format!("{line}; truncated {truncated}; the victim held at least {floor} bytes");
     assert!(truncated <= 1, "{context}");

@@ -199,7 +199,7 @@ async fn rows_once_caught_up(config: &TestConfig, db: &tokio_postgres::Client) -
 fn drain_report(log: &str) -> (u64, u64, u64, u64) {
     let line = log.lines().rev().find(|line| line.contains("\"drain finished\"")).expect("a drain finished line");
     let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-    let field = |name: &str| value["fields"][name].as_u64().unwrap_or_else(|| panic!("{name} in {line}"));
+    let field = |name: &str| value[name].as_u64().unwrap_or_else(|| panic!("{name} in {line}"));
     (field("lost"), field("abandoned"), field("in_spool"), field("unconfirmed"))
 }
 

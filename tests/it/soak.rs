@@ -150,11 +150,18 @@ impl Slot {
 fn final_counts(log: &str) -> Option<Metrics> {
     log.lines().rev().find_map(|line| {
         let value: serde_json::Value = serde_json::from_str(line).ok()?;
-        let fields = value.get("fields")?;
-        if fields.get("message")?.as_str()? != "final counts" {
+        if value.get("message")?.as_str()? != "final counts" {
             return None;
         }
-        Some(Metrics(fields.get("counters")?.as_str()?.to_string()))
+        let counts = sluice::telemetry::scrape::Scrape::from_counts(value.get("counts")?);
+        Some(Metrics(
+            counts
+                .samples()
+                .iter()
+                .map(|sample| format!("{} {}", sample.series(), sample.value))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ))
     })
 }
 

@@ -390,6 +390,5 @@ pub fn nonzero(metrics: &Metrics) -> String {
 pub fn final_count(log: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let line = log.lines().rev().find(|line| line.contains("\"final counts\"")).expect("a final counts line");
     let value: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-    let counters = value["fields"]["counters"].as_str().expect("counters");
-    sluice::telemetry::scrape::Scrape::parse(counters).sum(name, labels)
+    sluice::telemetry::scrape::Scrape::from_counts(&value["counts"]).sum(name, labels)
 }
