@@ -539,7 +539,7 @@ async fn open_buffer(config: &Config) -> Result<(Buffer, Option<SpoolWriter>), A
 /// coupling Sluice exists to remove. Records wait in the buffer under its policy meanwhile;
 /// Kafka's state is [`kafka_state`] (`/healthz/kafka`), `sluice_kafka_reachable`, `sluice status`
 /// and an alert. The status line says when Kafka is not answering.
-fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {
+fn readiness(shipper: &Arc<Shipper>, draining: &Arc<AtomicBool>) -> ReadinessCheck {
     let kafka = kafka_state(shipper);
     let draining = draining.clone();
     Arc::new(move || {
@@ -556,14 +556,20 @@ fn readiness(shipper: &Shipper, draining: &Arc<AtomicBool>) -> ReadinessCheck {
 /// Kafka's state for `/healthz/kafka`: reachable, or why not — never answered since the start
 /// (a wrong `kafka.brokers`, TLS or SASL), or unreachable now (an outage). Never a reason for the
 /// agent to be unready.
-fn kafka_state(shipper: &Shipper) -> ReadinessCheck {
+fn kafka_state(shipper: &Arc<Shipper>) -> ReadinessCheck {
     let reachable = shipper.reachable();
     let reached_once = shipper.reached_once();
+    let shipper = shipper.clone();
     Arc::new(move || {
         if !reached_once.load(Ordering::Relaxed) {
             Err("kafka has not answered since the agent started (check kafka.brokers, TLS and SASL); records are buffered".into())
         } else if !reachable.load(Ordering::Relaxed) {
             Err("kafka unreachable; records are buffered".into())
+        } else if let Some(error) = shipper.topic_error() {
+            Err(format!(
+                "kafka reachable, but topic {} is not writable ({error}); records are buffered",
+                shipper.default_topic()
+            ))
         } else {
             Ok("kafka reachable".into())
         }
@@ -586,12 +592,31 @@ fn refresh(buffer: &Buffer, ready: &ReadinessCheck) -> crate::admin::Refresh {
 /// client's lines were counted and not written meanwhile (`telemetry::librdkafka`).
 async fn probe_kafka(shipper: Arc<Shipper>, stop: CancellationToken) {
     let mut outage: Option<Outage> = None;
+    let mut missing: Option<Outage> = None;
     let mut started = true;
     let mut retry = PROBE_RETRY;
     loop {
         let now = Instant::now();
         let next = match shipper.probe(PROBE_TIMEOUT).await {
             Ok(()) => {
+                let topic = shipper.default_topic();
+                match (shipper.topic_error(), &mut missing) {
+                    (Some(kafka_error), None) => {
+                        warn!(%topic, %kafka_error, "kafka answers but does not let the agent write the topic (create it, or grant the agent access); its records wait in the buffer under the buffer's policy");
+                        missing = Some(Outage { began: now, reminded: now });
+                    }
+                    (Some(kafka_error), Some(since))
+                        if now.duration_since(since.reminded) >= telemetry::repeats::REMINDER_EVERY =>
+                    {
+                        since.reminded = now;
+                        warn!(%topic, %kafka_error, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is still not writable; its records wait in the buffer");
+                    }
+                    (None, Some(since)) => {
+                        info!(%topic, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is writable now");
+                        missing = None;
+                    }
+                    _ => {}
+                }
                 if let Some(outage) = outage.take() {
                     info!(
                         unreachable_for_seconds = now.duration_since(outage.began).as_secs(),

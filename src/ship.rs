@@ -334,6 +334,9 @@ pub struct Shipper {
     sink: Sink,
     /// Set while printing to stdout fails (a closed pipe): said once, not per record.
     stdout_failing: AtomicBool,
+    /// What Kafka said of the default topic at the last probe that reached it, if not that it is
+    /// there: `Broker: Unknown topic or partition`, `Broker: Topic authorization failed`.
+    topic_error: std::sync::Mutex<Option<String>>,
 }
 
 /// The Kafka headers records carry: `ship.headers` as configured, and with
@@ -459,6 +462,7 @@ impl Shipper {
             fatal_streak: std::sync::atomic::AtomicU32::new(0),
             sink: config.ship.sink,
             stdout_failing: AtomicBool::new(false),
+            topic_error: std::sync::Mutex::new(None),
         })
     }
 
@@ -586,6 +590,18 @@ impl Shipper {
     /// True while the last metadata request succeeded.
     pub fn reachable(&self) -> Arc<AtomicBool> {
         self.reachable.clone()
+    }
+
+    /// Why records for the default topic cannot be delivered although Kafka answers (the topic
+    /// does not exist, or the agent may not see it), as of the last probe; `None` if they can.
+    pub fn topic_error(&self) -> Option<String> {
+        self.topic_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// The topic records go to when they name none (`kafka.topic`, or `kafka.default_topic`
+    /// with a template): the one [`Shipper::probe`] asks about.
+    pub fn default_topic(&self) -> String {
+        self.topics.default_topic().to_string()
     }
 
     /// True once any metadata request succeeded.
@@ -785,10 +801,23 @@ impl Shipper {
         }
         let producer = self.producer();
         let topic = self.topics.default_topic().to_string();
-        let answer =
-            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout).map(drop))
-                .await
-                .unwrap_or_else(|_| Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)));
+        let answer = tokio::task::spawn_blocking(move || {
+            // The topic's own error (it does not exist, or the agent may not see it): Kafka
+            // answered, but records for it can only wait.
+            producer.client().fetch_metadata(Some(&topic), timeout).map(|metadata| {
+                metadata.topics().iter().find(|found| found.name() == topic).and_then(|found| found.error())
+            })
+        })
+        .await
+        .unwrap_or_else(|_| Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)));
+        let answer = answer.map(|topic_error| {
+            // Only what lasts until an operator acts: a leader being elected passes by itself.
+            let lasting = topic_error.map(RDKafkaErrorCode::from).filter(|code| {
+                matches!(code, RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::TopicAuthorizationFailed)
+            });
+            *self.topic_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                lasting.map(|code| code.to_string());
+        });
         let ok = answer.is_ok();
         self.reachable.store(ok, Ordering::Relaxed);
         if ok {

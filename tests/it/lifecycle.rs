@@ -120,6 +120,39 @@ async fn an_agent_is_ready_and_takes_records_while_kafka_is_unreachable_and_deli
     .await;
 }
 
+/// Issue 33, found writing docs/TROUBLESHOOTING.md: with a plain `kafka.topic` the broker does
+/// not have (and will not create), Kafka answered, `/healthz/kafka` said "kafka reachable", and
+/// the agent logged nothing while every record waited. Now it says so, in the log and on
+/// `/healthz/kafka`, and says when the topic is there; the records wait and are delivered then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_kafka_does_not_have_is_said_in_the_log_and_on_healthz_and_its_records_wait() {
+    // The stack's broker creates topics on first use: this agent does not ask it to.
+    let mut properties = toml::Table::new();
+    properties.insert("allow.auto.create.topics".into(), "false".into());
+    let setup = Scenario::new("missing").without_topic().set("ship", "properties", properties).build().await;
+    let mut agent = setup.config.spawn_agent_at(&setup.config.write()).await;
+    let admin = agent.wait_admin().await;
+    let body = until("/healthz/kafka to name the topic", || async {
+        match http_get(admin, "/healthz/kafka").await {
+            Ok((503, body)) if body.contains("is not writable") => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(body.contains(&setup.topic) && body.contains("Unknown topic"), "{body}");
+    until_logged(&agent, "does not let the agent write the topic").await;
+    send_lines(&setup.config.socket(), &[b"waits for its topic".to_vec()]).await;
+    until_metric(admin, telemetry::INGEST_RECORDS, &[], 1.0).await;
+
+    create_topic(&setup.bootstrap, &setup.topic, 1).await;
+    until_logged(&agent, "the topic is writable now").await;
+    let _persister = setup.persister().await;
+    assert_eq!(until_rows(&setup.db().await, 1).await, 1);
+    let (status, body) = http_get(admin, "/healthz/kafka").await.expect("healthz/kafka");
+    assert_eq!(status, 200, "{body}");
+    assert!(agent.stop(WAIT).await.success());
+}
+
 /// Issue 30, item 3: an agent whose Kafka never answers wrote ~31 lines a second (927 in 30 s:
 /// pairs of identical `kafka client error … AllBrokersDown` every ~50 ms, librdkafka's `FAIL` at
 /// ERROR), never backing off: at 1,000 pods, 30,000 lines a second into the node's log
