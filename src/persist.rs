@@ -383,7 +383,6 @@ async fn maintain(config: Config, stop: CancellationToken) {
             schema::apply_retention(&client, chrono::Utc::now().date_naive(), config.persist.retention_days).await?;
             let deleted =
                 schema::apply_dead_letter_retention(&client, config.persist.dead_letter_retention_days).await?;
-            metrics::counter!(telemetry::PERSIST_DEAD_LETTERS_DELETED).increment(deleted);
             if deleted > 0 {
                 info!(
                     deleted,

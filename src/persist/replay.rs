@@ -148,6 +148,11 @@ pub async fn replay(config: &Config, options: &Options, mut each: impl FnMut(&st
     }
     let producer: Option<FutureProducer> = if options.dry_run { None } else { Some(producer(config).create()?) };
     let selection = &options.selection;
+    // What a replay sends that fails again comes back as a new dead letter, received after the
+    // replay began: never chosen by this run (it would chase its own tail for ever), whatever
+    // `--until` says.
+    let began: DateTime<Utc> = client.query_one("SELECT now()", &[]).await.map_err(PersistError::Postgres)?.get(0);
+    let until = Some(selection.until.map_or(began, |until| until.min(began)));
     let ids: Vec<String> = selection.ids.iter().map(ToString::to_string).collect();
     let mut replayed = Replayed::default();
     // Where the last page ended (none yet): pages follow the order of the query, so a dead
@@ -172,7 +177,7 @@ pub async fn replay(config: &Config, options: &Options, mut each: impl FnMut(&st
                 &[
                     &selection.reason,
                     &selection.since,
-                    &selection.until,
+                    &until,
                     &selection.again,
                     &ids,
                     &after.0,
@@ -208,6 +213,16 @@ pub async fn replay(config: &Config, options: &Options, mut each: impl FnMut(&st
             producer.send(FutureRecord::<(), [u8]>::to(topic).payload(&letter.payload[..]), SEND_TIMEOUT)
         });
         let answers = futures_util::future::join_all(sends).await;
+        if answers.iter().all(Result::is_err) {
+            // Kafka took none of a page: the next would wait as long for nothing.
+            replayed.failed += answers.len() as u64;
+            each(&format!(
+                "stopping: kafka acknowledged none of {} dead letters ({})",
+                answers.len(),
+                answers.into_iter().find_map(Result::err).map_or_else(String::new, |(error, _)| error.to_string())
+            ));
+            break;
+        }
         for (letter, answer) in letters.iter().zip(answers) {
             match answer {
                 Ok(_) => {

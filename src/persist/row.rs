@@ -71,47 +71,40 @@ impl Row {
     /// is not kept alongside each row: that would double a batch's memory for the rare row that
     /// is refused.
     pub fn into_envelope(self) -> Vec<u8> {
-        use serde_json::{Map, json};
+        let string = |text: &str| Value::from(text).to_string();
         let id = match self.hashed_id {
             Some(id) => id.into_string(),
             None => format!("{}-{}", uuid::Uuid::from_bytes(self.key.agent.0).simple(), self.key.seq),
         };
-        let mut pod = Map::new();
-        for (name, value) in [
+        let time = self.ingest_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let mut text = format!("{{\"v\":1,\"id\":{},\"ingest_time\":{}", string(&id), string(&time));
+        let mut pod: Vec<String> = [
             ("name", self.pod_name),
             ("namespace", self.pod_namespace),
             ("container", self.container_name),
             ("node", self.node_name),
-        ] {
-            if let Some(value) = value {
-                pod.insert(name.into(), value.into());
-            }
-        }
-        for (name, map) in [("labels", self.pod_labels), ("annotations", self.pod_annotations)] {
-            if let Some(map) = map.and_then(|map| RawValue::from_string(map.0).ok()) {
-                pod.insert(name.into(), serde_json::to_value(map).unwrap_or_default());
-            }
-        }
-        let mut envelope = Map::new();
-        envelope.insert("v".into(), 1.into());
-        envelope.insert("id".into(), id.into());
-        envelope
-            .insert("ingest_time".into(), self.ingest_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true).into());
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some(format!("\"{name}\":{}", string(&value?))))
+        .collect();
+        // Labels and annotations as they came (their key order kept).
+        pod.extend(
+            [("labels", self.pod_labels), ("annotations", self.pod_annotations)]
+                .into_iter()
+                .filter_map(|(name, map)| Some(format!("\"{name}\":{}", map?.0))),
+        );
         if !pod.is_empty() {
-            envelope.insert("pod".into(), pod.into());
+            text.push_str(&format!(",\"pod\":{{{}}}", pod.join(",")));
         }
         if self.peer_pid.is_some() || self.peer_uid.is_some() || self.peer_gid.is_some() {
-            envelope.insert("peer".into(), json!({ "pid": self.peer_pid, "uid": self.peer_uid, "gid": self.peer_gid }));
+            let peer = serde_json::json!({ "pid": self.peer_pid, "uid": self.peer_uid, "gid": self.peer_gid });
+            text.push_str(&format!(",\"peer\":{peer}"));
         }
         // The record last, a JSON record as written (spacing, key order, repeated keys kept).
-        let mut text = Value::Object(envelope).to_string();
-        text.pop();
-        text.push_str(",\"format\":");
-        text.push_str(&Value::from(self.format).to_string());
-        text.push_str(",\"record\":");
+        text.push_str(&format!(",\"format\":{},\"record\":", string(self.format)));
         match self.record {
             Some(record) => text.push_str(&record.0),
-            None => text.push_str(&json!({ "message": self.message.unwrap_or_default() }).to_string()),
+            None => text.push_str(&format!("{{\"message\":{}}}", string(&self.message.unwrap_or_default()))),
         }
         text.push('}');
         text.into_bytes()

@@ -285,7 +285,8 @@ pub async fn apply_retention(
 const DEAD_LETTER_DELETE_CHUNK: i64 = 10_000;
 
 /// Deletes dead letters received more than `retention_days` days ago (`0` keeps them all), in
-/// chunks. Returns how many.
+/// chunks, each counted in `sluice_persist_dead_letters_deleted_total` as it commits. Returns
+/// how many.
 pub async fn apply_dead_letter_retention(client: &Client, retention_days: u32) -> Result<u64, PersistError> {
     if retention_days == 0 {
         return Ok(0);
@@ -302,6 +303,8 @@ pub async fn apply_dead_letter_retention(client: &Client, retention_days: u32) -
             .await
             .map_err(PersistError::Postgres)?;
         deleted += chunk;
+        // Counted as each chunk commits: a later chunk that fails does not hide this one.
+        metrics::counter!(crate::telemetry::PERSIST_DEAD_LETTERS_DELETED).increment(chunk);
         if chunk < DEAD_LETTER_DELETE_CHUNK as u64 {
             return Ok(deleted);
         }

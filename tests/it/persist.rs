@@ -693,6 +693,19 @@ async fn replayed_dead_letters_become_one_row_each_once_the_cause_is_fixed_and_a
     assert_eq!(stored_keys(&db).await, keys(&["r-1", "r-2"]));
     assert_eq!(dead_letters(&db).await.len(), 3);
 
+    // Found by the cold review: a letter that fails again comes back as a new dead letter while
+    // the run pages on; it is not chosen by the run that sent it (which would never end).
+    let (ok, _, summary) = replay(&config, &["--reason", "malformed_envelope"]);
+    assert!(ok && summary.contains("replayed 1 dead letters (malformed_envelope: 1)"), "{summary}");
+    until("the replayed malformed message a dead letter again", || async {
+        let letters = dead_letters(&db).await;
+        if letters.len() == 4 { Ok(()) } else { Err(format!("{letters:?}")) }
+    })
+    .await;
+    let (ok, listed, _) = replay(&config, &["--dry-run"]);
+    assert!(ok);
+    assert_eq!(listed.lines().count(), 1, "only the new one is unmarked: {listed}");
+
     // A reason no persister writes is refused, naming the ones there are.
     let (ok, _, refusal) = replay(&config, &["--reason", "ingest_time_in_futur"]);
     assert!(!ok && refusal.contains("ingest_time_in_future"), "{refusal}");

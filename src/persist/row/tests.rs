@@ -377,7 +377,7 @@ proptest::proptest! {
 #[test]
 fn a_refused_rows_envelope_becomes_the_same_row_again() {
     use crate::envelope::EnvelopeKind::{Binary, Json};
-    let with_labels = r#"{"v":1,"id":"not-an-agent's id","ingest_time":"2026-11-30T01:02:03.000004Z","pod":{"name":"web","labels":{"app":"web","team":"a \"b\""},"annotations":{}},"format":"json","record":{ "a":1.50,  "a" : 2 }}"#;
+    let with_labels = r#"{"v":1,"id":"not-an-agent's id","ingest_time":"2026-11-30T01:02:03.000004Z","pod":{"name":"web","labels":{"team":"a \"b\"","app":"web"},"annotations":{}},"format":"json","record":{ "a":1.50,  "a" : 2 }}"#;
     let mut messages = vec![with_labels.as_bytes().to_vec(), envelope("text", r#"{"message":"a \"b\""}"#)];
     for line in [r#"{"ts":1764464523.5,"lvl":"ERROR","msg":"boom"}"#, "plain \"quoted\" text", ""] {
         messages.push(written(Binary, line));
