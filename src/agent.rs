@@ -212,7 +212,9 @@ pub async fn run(
     if config.ship.sink == crate::config::Sink::Stdout {
         // Kafka is not used: nothing to probe (its state reads reachable).
         let _ = shipper.probe(PROBE_TIMEOUT).await;
-        warn!("ship.sink = \"stdout\": records are printed to stdout, nothing is sent to Kafka");
+        warn!(
+            "ship.sink = \"stdout\": records are printed to stdout (one JSON line each), nothing is sent to Kafka; the buffer is in memory"
+        );
     } else {
         let probe = probe_kafka(shipper.clone(), background.clone());
         services.push(tasks.service("probe", background.clone(), probe));

@@ -180,6 +180,17 @@ impl Config {
         Ok(config)
     }
 
+    /// `sluice agent --dry-run`: records printed (`ship.sink = "stdout"`), in a memory buffer —
+    /// never the spool a real run owes to Kafka (printing settles what it prints).
+    pub fn dry_run(&mut self) {
+        self.ship.sink = Sink::Stdout;
+        self.buffer.kind = BufferKind::Memory;
+        if self.ingest.ack_point == Some(AckPoint::Spooled) {
+            // Nothing is spooled: acknowledged once held, as with any memory buffer.
+            self.ingest.ack_point = None;
+        }
+    }
+
     /// Checks what types alone cannot. Every error names its key. Each section checks itself;
     /// what involves two sections is checked here.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
@@ -197,6 +208,13 @@ impl Config {
         self.persist.validate(&at.within("persist"))?;
         self.postgres.validate(&at.within("postgres"))?;
         self.validate_buffer_against_records(&at.within("buffer"))?;
+        if self.ship.sink == Sink::Stdout && self.buffer.kind == BufferKind::Disk {
+            return Err(at.invalid(
+                "ship.sink",
+                "\"stdout\" settles every record it prints, so it must not read a spool a real run owes to \
+                 Kafka: use buffer.type = \"memory\" (sluice agent --dry-run does)",
+            ));
+        }
         if self.ingest.ack_point == Some(AckPoint::Spooled) && self.buffer.kind != BufferKind::Disk {
             return Err(at.invalid("ingest.ack_point", "\"spooled\" needs buffer.type = \"disk\""));
         }

@@ -332,7 +332,7 @@ pub struct Shipper {
     /// Where records go (`ship.sink`, fixed at start): with `stdout` the producer is created
     /// without brokers and never used.
     sink: Sink,
-    /// Set while printing to stdout fails (a closed pipe): said once, not per record.
+    /// Set once printing to stdout failed (a closed pipe): the agent is draining; said once.
     stdout_failing: AtomicBool,
     /// What Kafka said of the default topic at the last probe that reached it, if not that it is
     /// there: `Broker: Unknown topic or partition`, `Broker: Topic authorization failed`.
@@ -409,6 +409,18 @@ impl RecordHeaders {
     }
 }
 
+/// [`producer_config`] for the sink the agent runs: printing (`ship.sink = "stdout"`), the
+/// producer — kept so the rest of the shipper is the same — knows no broker, so it never
+/// connects, and says nothing of it (librdkafka warns of a missing `bootstrap.servers`).
+fn sink_config(config: &Config, buffer: &Buffer) -> ClientConfig {
+    let mut client = producer_config(config, buffer);
+    if config.ship.sink == Sink::Stdout {
+        client.remove("bootstrap.servers");
+        client.set("log_level", "3");
+    }
+    client
+}
+
 /// How long a producer being replaced with new settings may take to deliver what it holds
 /// before what it still holds is purged (and comes back to the buffer).
 const RECONFIGURE_FLUSH: Duration = Duration::from_secs(10);
@@ -433,12 +445,7 @@ impl Shipper {
         tasks: Tasks,
         topics: Arc<crate::topic::Topics>,
     ) -> Result<Self, ShipError> {
-        let mut client = producer_config(config, &buffer);
-        if config.ship.sink == Sink::Stdout {
-            // Printing, not sending: the producer (kept so the rest of the shipper is the same)
-            // knows no broker, so it never connects.
-            client.remove("bootstrap.servers");
-        }
+        let client = sink_config(config, &buffer);
         let headers = RecordHeaders::new(config);
         buffer.set_header_bytes(headers.bytes());
         let polling = Arc::new(());
@@ -490,7 +497,7 @@ impl Shipper {
         let headers = RecordHeaders::new(config);
         self.buffer.set_header_bytes(headers.bytes());
         *self.headers.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(headers);
-        let client = producer_config(config, &self.buffer);
+        let client = sink_config(config, &self.buffer);
         *self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(client);
         self.reconfigured.notify_one();
     }
@@ -692,7 +699,7 @@ impl Shipper {
         let headers = self.headers.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let headers = headers.for_record(&payload);
         if self.sink == Sink::Stdout {
-            return self.print(&topic, key.as_deref(), headers.as_ref(), &payload, in_flight).await;
+            return self.print(&topic, key.as_deref(), headers.as_ref(), &payload, in_flight, stop).await;
         }
         let mut producer = self.producer();
         let mut base = BaseRecord::with_opaque_to(&topic, in_flight).payload(&payload[..]);
@@ -755,8 +762,11 @@ impl Shipper {
     }
 
     /// The console sink ([`console`]): the record printed as one JSON line and settled as
-    /// delivered. If stdout cannot be written (a closed pipe), the record goes back into the
-    /// buffer like one Kafka did not take, and waits there under the buffer's policy.
+    /// delivered (a memory buffer: settling touches no file). Stdout that cannot be written (a
+    /// closed pipe: `sluice agent --dry-run | head`) has no reader left: the agent drains and
+    /// exits non-zero, as `yes | head` ends, each record it can no longer print counted
+    /// ([`Buffer::unsent`]). A write still waiting when the drain begins is given up the same
+    /// way, not waited for.
     async fn print(
         &self,
         topic: &str,
@@ -764,29 +774,31 @@ impl Shipper {
         headers: Option<&rdkafka::message::OwnedHeaders>,
         payload: &[u8],
         in_flight: Box<InFlight>,
+        stop: &CancellationToken,
     ) {
         use tokio::io::AsyncWriteExt as _;
         let mut line = console::line(topic, key, headers, payload);
         line.push('\n');
         let mut stdout = tokio::io::stdout();
-        match stdout.write_all(line.as_bytes()).await.and(stdout.flush().await) {
-            Ok(()) => {
-                self.stdout_failing.store(false, Ordering::Relaxed);
+        let written = tokio::select! {
+            written = async { stdout.write_all(line.as_bytes()).await?; stdout.flush().await } => Some(written),
+            _ = stop.cancelled() => None,
+        };
+        match written {
+            Some(Ok(())) => {
                 metrics::counter!(telemetry::SHIP_DELIVERED).increment(1);
                 metrics::counter!(telemetry::SHIP_DELIVERED_BYTES).increment(payload.len() as u64);
-                // Settling may delete a finished spool segment: not on a runtime worker.
-                let buffer = self.buffer.clone();
-                let settled = tokio::task::spawn_blocking(move || buffer.settle_delivered(&mut vec![*in_flight]));
-                if settled.await.is_err() {
-                    self.tasks.fail("stdout-sink", "settling a printed record panicked");
-                }
+                self.buffer.settle_delivered(&mut vec![*in_flight]);
             }
-            Err(error) => {
+            Some(Err(error)) => {
+                // Never to be printed by this process: counted as the drain counts what it
+                // could not send (`drain_timeout`; its writer hears so).
+                self.buffer.unsent(*in_flight);
                 if !self.stdout_failing.swap(true, Ordering::Relaxed) {
-                    error!(%error, "cannot print records to stdout (ship.sink = \"stdout\"); they stay in the buffer");
+                    self.tasks.fail("stdout-sink", &format!("cannot print records to stdout: {error}"));
                 }
-                self.buffer.retry(*in_flight, payload, key);
             }
+            None => self.buffer.unsent(*in_flight),
         }
     }
 
@@ -794,9 +806,10 @@ impl Shipper {
     /// reachability flags and `sluice_kafka_reachable`; the caller says what changed.
     pub async fn probe(&self, timeout: Duration) -> Result<(), KafkaError> {
         if self.sink == Sink::Stdout {
-            // Nothing is sent to Kafka: it is not asked either.
+            // Nothing is sent to Kafka: it is not asked either, and not what holds records up.
             self.reached_once.store(true, Ordering::Relaxed);
             self.reachable.store(true, Ordering::Relaxed);
+            metrics::gauge!(telemetry::KAFKA_REACHABLE).set(1.0);
             return Ok(());
         }
         let producer = self.producer();

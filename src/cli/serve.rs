@@ -91,7 +91,7 @@ pub fn serve(file: &std::path::Path, role: Role, dry_run: bool) -> ExitCode {
     let config = match load(file, Some(role), Environment::Read) {
         Ok(mut config) => {
             if dry_run {
-                config.ship.sink = sluice::config::Sink::Stdout;
+                config.dry_run();
             }
             config
         }

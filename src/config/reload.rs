@@ -159,17 +159,17 @@ pub struct Reloading {
     pub path: PathBuf,
     /// Changes the log level; `None` when logging was set up by someone else (tests).
     pub log: Option<telemetry::LogHandle>,
-    /// `sluice agent --dry-run`: every config read from the file prints too (`ship.sink`
-    /// stays `"stdout"`, whatever the file says).
+    /// `sluice agent --dry-run`: every config read from the file is a dry run's too
+    /// ([`Config::dry_run`]), whatever the file says.
     pub dry_run: bool,
 }
 
 impl Reloading {
     /// `event` with what the command line fixed applied, as at start.
-    fn as_started(&self, event: Event) -> Event {
+    pub(crate) fn as_started(&self, event: Event) -> Event {
         match event {
             Event::Valid(mut config) if self.dry_run => {
-                config.ship.sink = super::Sink::Stdout;
+                config.dry_run();
                 Event::Valid(config)
             }
             other => other,

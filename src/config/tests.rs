@@ -487,7 +487,7 @@ fn spooled_acknowledgements_need_a_disk_buffer() {
 }
 
 mod reloading {
-    use super::super::reload::{Reloading, changed_keys, concerns_the_file, fingerprint, follow, plan};
+    use super::super::reload::{Event, Reloading, changed_keys, concerns_the_file, fingerprint, follow, plan};
     use super::*;
 
     /// Seen in CI (issue 15, 2026-12-04): the agent's log beside its config file kept the folder
@@ -528,28 +528,21 @@ mod reloading {
         assert_eq!(running.read().expect("lock").buffer.when_full, WhenFull::DropOldest);
     }
 
-    /// Found with the dry-run test (issue 33): `--dry-run` over a file that names no sink had
-    /// every reload warn that `ship.sink` needs a restart, and a restart would not change it.
-    #[tokio::test]
-    async fn a_dry_run_agent_keeps_printing_across_reloads_and_applies_the_rest() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("agent.toml");
-        std::fs::write(&path, "[buffer]\nwhen_full = \"drop_oldest\"\n").expect("write");
-        let mut started = Config::default();
-        started.ship.sink = crate::config::Sink::Stdout;
-        let running = std::sync::RwLock::new(started);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let mut applied = Vec::new();
-        let reloading = Reloading { path, log: None, dry_run: true };
-        let follow = follow(&reloading, Role::Agent, &running, stop.clone(), |_, new| {
-            applied.push((new.buffer.when_full, new.ship.sink));
-            Ok(())
-        });
-        tokio::select! {
-            _ = follow => {}
-            _ = tokio::time::sleep(Duration::from_millis(500)) => stop.cancel(),
-        }
-        assert_eq!(applied, vec![(WhenFull::DropOldest, crate::config::Sink::Stdout)]);
+    /// Found with the dry-run test (issue 33): `--dry-run` over a file that names no sink (and a
+    /// disk buffer) had every reload warn that `ship.sink` and `buffer.type` need a restart, and
+    /// a restart would not change them.
+    #[test]
+    fn a_dry_run_agent_stays_one_across_reloads_and_needs_no_restart_for_it() {
+        let file = "[buffer]\ntype = \"disk\"\npath = \"/var/lib/sluice\"\nwhen_full = \"drop_oldest\"\n";
+        let mut running = Config::from_toml(file).expect("the file");
+        running.dry_run();
+        let new = Config::from_toml(file).expect("the file, read again");
+        assert!(!plan(Role::Agent, &running, &new).restart.is_empty(), "what the pin is for");
+        let reloading = Reloading { path: "agent.toml".into(), log: None, dry_run: true };
+        let Event::Valid(pinned) = reloading.as_started(Event::Valid(Box::new(new))) else { panic!("valid") };
+        let plan = plan(Role::Agent, &running, &pinned);
+        assert!(plan.restart.is_empty(), "{:?}", plan.restart);
+        assert_eq!(plan.effective.ship.sink, crate::config::Sink::Stdout);
     }
 
     /// What the watcher reports within `within`, or `None`.
@@ -758,4 +751,16 @@ fn a_wrong_type_or_size_is_told_in_the_configs_words_not_rusts() {
     // "64MB" is read, as documented: powers of 1000.
     let decimal = Config::from_toml("[buffer]\nmax_bytes = \"64MB\"\n").expect("a size");
     assert_eq!(decimal.buffer.max_bytes.as_u64(), 64_000_000);
+}
+
+/// Found by the cold review (issue 33): printing settles what it prints, so a dry run over a
+/// disk config emptied the spool a real run owed to Kafka into stdout, counted delivered.
+#[test]
+fn the_stdout_sink_refuses_a_disk_buffer_and_a_dry_run_uses_memory() {
+    let disk = "[buffer]\ntype = \"disk\"\npath = \"/var/lib/sluice\"\n[ingest]\nack_point = \"spooled\"\n";
+    assert_eq!(invalid_key(&format!("{disk}[ship]\nsink = \"stdout\"\n")), "ship.sink");
+    let mut config = Config::from_toml(disk).expect("a disk config");
+    config.dry_run();
+    assert_eq!((config.ship.sink, config.buffer.kind), (crate::config::Sink::Stdout, BufferKind::Memory));
+    config.validate("agent.toml").expect("a dry run's config is valid");
 }

@@ -4,74 +4,53 @@
 //! it touches Kafka.
 //!
 //! Owns: how a record is shown (its topic, key, headers and its envelope in the JSON envelope's
-//! form, whichever encoding `ship.envelope` chose). Must not: write anything but records to
+//! form, whichever encoding `ship.envelope` chose, the record's text exactly as written). Must not: write anything but records to
 //! stdout (the agent's own log lines go to stderr), or hold a record: the shipper settles each
 //! one as delivered once its line is written.
 
 use rdkafka::message::{Headers as _, OwnedHeaders};
 use serde_json::{Map, Value, json};
 
-use crate::envelope::{Body, Envelope};
+use crate::persist::row::{Origin, Parsed};
 
 /// The line printed for one record (without its newline).
 pub(super) fn line(topic: &str, key: Option<&[u8]>, headers: Option<&OwnedHeaders>, payload: &[u8]) -> String {
     let mut shown = Map::new();
     shown.insert("topic".into(), topic.into());
-    shown.insert("key".into(), key.map_or(Value::Null, |key| String::from_utf8_lossy(key).into()));
+    shown.insert("key".into(), key.map_or(Value::Null, lossy));
     if let Some(headers) = headers {
         let headers: Map<String, Value> =
             headers.iter().map(|header| (header.key.to_string(), header.value.map_or(Value::Null, lossy))).collect();
         shown.insert("headers".into(), headers.into());
     }
-    shown.insert("envelope".into(), envelope(payload));
-    Value::Object(shown).to_string()
+    // The envelope last, as text: its record exactly as it will be stored.
+    let mut line = Value::Object(shown).to_string();
+    line.pop();
+    line.push_str(",\"envelope\":");
+    line.push_str(&envelope(payload));
+    line.push('}');
+    line
 }
 
 fn lossy(bytes: &[u8]) -> Value {
     String::from_utf8_lossy(bytes).into()
 }
 
-/// The envelope as the JSON envelope writes it (docs/PROTOCOL.md), decoded from either encoding;
-/// one the persister could not read is shown with why, and its bytes as text.
-fn envelope(payload: &[u8]) -> Value {
-    let envelope = match Envelope::parse(payload) {
-        Ok(envelope) => envelope,
-        Err(error) => return json!({ "unreadable": error.to_string(), "bytes": lossy(payload) }),
-    };
-    let mut pod = Map::new();
-    for (name, value) in [
-        ("name", &envelope.pod.name),
-        ("namespace", &envelope.pod.namespace),
-        ("container", &envelope.pod.container),
-        ("node", &envelope.pod.node),
-    ] {
-        if let Some(value) = value {
-            pod.insert(name.into(), value.as_ref().into());
-        }
+/// The envelope as the JSON envelope writes it (docs/PROTOCOL.md): a JSON envelope as it is
+/// shipped, a binary one as the JSON envelope of the row a persister makes of it (the record's
+/// text exactly as written); one a persister could not read is shown with why, and its bytes.
+fn envelope(payload: &[u8]) -> String {
+    if payload.first() == Some(&b'{')
+        && let Ok(text) = std::str::from_utf8(payload)
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+    {
+        return text.to_string();
     }
-    for (name, raw) in [("labels", envelope.pod.labels), ("annotations", envelope.pod.annotations)] {
-        if let Some(value) = raw.and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok()) {
-            pod.insert(name.into(), value);
-        }
+    let origin = Origin { topic: String::new(), partition: 0, offset: 0 };
+    match crate::persist::row::parse(Some(payload), origin) {
+        Parsed::Row(row) => String::from_utf8(row.into_envelope()).unwrap_or_default(),
+        Parsed::Dead(letter) => json!({ "unreadable": letter.error, "bytes": lossy(payload) }).to_string(),
     }
-    let mut shown = Map::new();
-    shown.insert("v".into(), 1.into());
-    shown.insert("id".into(), envelope.id.text().into_owned().into());
-    shown
-        .insert("ingest_time".into(), envelope.ingest_time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true).into());
-    if !pod.is_empty() {
-        shown.insert("pod".into(), pod.into());
-    }
-    if let Some(peer) = &envelope.peer {
-        shown.insert("peer".into(), json!({ "pid": peer.pid, "uid": peer.uid, "gid": peer.gid }));
-    }
-    let (format, record) = match &envelope.body {
-        Body::Json(text) => ("json", serde_json::from_str(text).unwrap_or_else(|_| Value::from(*text))),
-        Body::Text(line) => ("text", json!({ "message": line.as_ref() })),
-    };
-    shown.insert("format".into(), format.into());
-    shown.insert("record".into(), record);
-    Value::Object(shown)
 }
 
 #[cfg(test)]
@@ -93,7 +72,11 @@ mod tests {
 
     #[test]
     fn shows_both_envelope_encodings_as_the_same_json_envelope() {
-        let record = r#"{"level":"info","message":"hello"}"#;
+        let record = r#"{"message":"hello", "level":"info","n":1.50}"#;
+        for kind in [EnvelopeKind::Binary, EnvelopeKind::Json] {
+            let shown = line("logs", None, None, &written(kind, record));
+            assert!(shown.contains(record), "the record exactly as it is stored: {shown}");
+        }
         let binary: serde_json::Value =
             serde_json::from_str(&line("logs", Some(b"web-1"), None, &written(EnvelopeKind::Binary, record)))
                 .expect("a JSON line");

@@ -221,7 +221,9 @@ async fn dry_run_prints_each_record_as_shipped_without_kafka_and_counts_it_deliv
         std::future::ready((lines.len() >= 2).then_some(lines))
     })
     .await;
-    let (trace, billing) = (&printed[0], &printed[1]);
+    // In whichever order the multiline stage lets them go.
+    let by_topic = |topic: &str| printed.iter().find(|line| line["topic"] == topic).expect(topic).clone();
+    let (trace, billing) = (by_topic("logs.other"), by_topic("logs.billing"));
     assert_eq!(billing["topic"], "logs.billing", "{billing}");
     assert_eq!(billing["envelope"]["format"], "json", "{billing}");
     let message = billing["envelope"]["record"]["message"].as_str().expect("message");
@@ -238,4 +240,44 @@ async fn dry_run_prints_each_record_as_shipped_without_kafka_and_counts_it_deliv
     let log = agent.log_text();
     assert!(!log.contains("kafka reachable") && !log.contains("127.0.0.1:1"), "Kafka was never asked: {log}");
     assert!(!log.contains("change only with a restart"), "{log}");
+}
+
+/// Found by the cold review (issue 33): `sluice agent --dry-run | head` — once the reader is
+/// gone, each record was put back and printed again for ever, the buffer filled, the app was
+/// held up and the agent never exited. Now it drains and exits non-zero, the record counted.
+#[tokio::test]
+async fn dry_run_into_a_closed_pipe_drains_and_exits_non_zero_counting_the_record() {
+    let mut config = TestConfig::empty("sluice-dry-run-pipe");
+    config.set("kafka", "brokers", sluice_harness::NO_BROKER).set(
+        "agent",
+        "admin_listen",
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let socket = config.add_listener("default", "lines");
+    let path = config.write();
+    let stderr = std::fs::File::create(config.dir.path().join("agent.log")).expect("log");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["agent", "--config", path.to_str().expect("path"), "--dry-run"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("run");
+    drop(agent.stdout.take());
+    sluice_harness::eventually("the socket", || std::future::ready(socket.exists().then_some(()))).await;
+    send_lines(&socket, &[b"nobody reads this".to_vec()]).await;
+    let waited = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = agent.try_wait().expect("wait") {
+            break status;
+        }
+        if waited.elapsed() > WAIT {
+            agent.kill().expect("kill the agent (by its pid)");
+            panic!("the agent did not exit by itself");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(config.dir.path().join("agent.log")).expect("log");
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("cannot print records to stdout"), "{log}");
+    assert_eq!(final_count(&log, sluice::telemetry::SHIP_FAILED, &[("reason", "drain_timeout")]), 1.0, "{log}");
 }
