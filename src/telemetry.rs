@@ -466,9 +466,11 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
     };
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if json {
-        registry
-            .with(tracing_subscriber::fmt::layer().event_format(log_format::FlatJson).with_writer(std::io::stderr))
-            .try_init()
+        let layer = tracing_subscriber::fmt::layer()
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(log_format::FlatJson)
+            .with_writer(std::io::stderr);
+        registry.with(layer).try_init()
     } else {
         registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(terminal)).try_init()
     };

@@ -4,11 +4,11 @@
 //! dig into.
 //!
 //! Owns: how a field's value is written. Numbers and booleans as JSON numbers and booleans;
-//! text as a string; a value recorded with `?`/`%` whose text is JSON (a list such as
-//! `["ship.sink"]`, an object such as the final counts, a Rust string's quotes) as that JSON, so
-//! arrays are arrays and no Rust `Debug` quoting shows; anything else as its text. Must not:
-//! drop a field (a name the line already uses is kept as `field.NAME`), or write anything but
-//! one line per event.
+//! text as a string; a value recorded with `?`/`%` that is a list of strings (`["ship.sink"]`) or
+//! a Rust string's quotes as that JSON, so arrays are arrays and no `Debug` quoting shows; the
+//! final counts as an object; anything else as its text. The fields of the spans an event is in
+//! (a connection's `listener` and `id`) are on its line too. Must not: drop a field (a name the
+//! line already uses is kept as `field.NAME`), or write anything but one line per event.
 //!
 //! tracing-subscriber's own JSON layer nests fields under `fields` and writes every `?`/`%`
 //! value as a string; its `flatten_event` still writes lists as strings. This is the small
@@ -20,7 +20,7 @@ use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// The flat JSON event format ([`super::init_logging`]).
@@ -35,15 +35,33 @@ where
         let mut fields = Fields::default();
         event.record(&mut fields);
         let metadata = event.metadata();
+        // A line from the `log` crate (PostgreSQL's and the migrations' libraries) names its
+        // own target: that one, not `log`, and not its source location.
+        let log_target = fields.take("log.target");
+        for location in ["log.module_path", "log.file", "log.line"] {
+            fields.take(location);
+        }
         let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let mut line: Vec<(String, Value)> =
             vec![("timestamp".into(), timestamp.into()), ("level".into(), metadata.level().as_str().into())];
         if let Some(at) = fields.0.iter().position(|(name, _)| name == "message") {
             line.push(fields.0.remove(at));
         }
-        line.push(("target".into(), metadata.target().into()));
+        line.push(("target".into(), log_target.unwrap_or_else(|| metadata.target().into())));
         if let Some(span) = ctx.lookup_current() {
             line.push(("span".into(), span.name().into()));
+        }
+        // The fields of the spans the event is in (a connection's `listener` and `id`), the
+        // innermost last; the event's own fields win over them.
+        for span in ctx.event_scope().into_iter().flat_map(|scope| scope.from_root()) {
+            let extensions = span.extensions();
+            let Some(formatted) = extensions.get::<FormattedFields<N>>() else { continue };
+            let Ok(serde_json::Value::Object(span_fields)) = serde_json::from_str(formatted.as_str()) else { continue };
+            for (name, value) in span_fields {
+                if !fields.0.iter().any(|(taken, _)| *taken == name) {
+                    fields.0.push((name, value));
+                }
+            }
         }
         for (name, value) in fields.0 {
             let name = if line.iter().any(|(taken, _)| *taken == name) { format!("field.{name}") } else { name };
@@ -67,6 +85,11 @@ struct Fields(Vec<(String, Value)>);
 impl Fields {
     fn push(&mut self, field: &Field, value: Value) {
         self.0.push((field.name().to_string(), value));
+    }
+
+    fn take(&mut self, name: &str) -> Option<Value> {
+        let at = self.0.iter().position(|(taken, _)| taken == name)?;
+        Some(self.0.remove(at).1)
     }
 }
 
@@ -97,19 +120,26 @@ impl Visit for Fields {
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         let text = format!("{value:?}");
-        self.push(field, as_json(text));
+        let value = as_json(text, field.name() == OBJECT_FIELD);
+        self.push(field, value);
     }
 }
 
-/// `text` as the JSON it spells when it is a list, an object or a quoted string (what `?` makes
-/// of a `Vec<String>` or a `String`), else as a string.
-fn as_json(text: String) -> Value {
-    if text.starts_with(['[', '{', '"'])
-        && let Ok(value) = serde_json::from_str::<Value>(&text)
-    {
-        return value;
-    }
-    Value::String(text)
+/// The one field written as a JSON object: the final counts (`telemetry::final_counts`). Any
+/// other field keeps one type on every line (a log store maps a field's type once).
+const OBJECT_FIELD: &str = "counts";
+
+/// `text` as the JSON it spells when it is a list of strings or a quoted string (what `?` makes
+/// of a `Vec<String>` or a `String`) — or, for [`OBJECT_FIELD`], an object — else as a string.
+fn as_json(text: String, object: bool) -> Value {
+    let parsed = || serde_json::from_str::<Value>(&text).ok();
+    let value = match text.as_bytes().first() {
+        Some(b'"') => parsed().filter(Value::is_string),
+        Some(b'[') => parsed().filter(|list| list.as_array().is_some_and(|items| items.iter().all(Value::is_string))),
+        Some(b'{') if object => parsed().filter(Value::is_object),
+        _ => None,
+    };
+    value.unwrap_or(Value::String(text))
 }
 
 #[cfg(test)]
@@ -134,7 +164,11 @@ mod tests {
     fn logged(log: impl FnOnce()) -> serde_json::Value {
         let captured = Captured::default();
         let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt().event_format(FlatJson).with_writer(move || writer.clone()).finish();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(FlatJson)
+            .with_writer(move || writer.clone())
+            .finish();
         tracing::subscriber::with_default(subscriber, log);
         let text = String::from_utf8(captured.0.lock().expect("captured").clone()).expect("utf-8");
         assert_eq!(text.lines().count(), 1, "{text}");
@@ -162,6 +196,22 @@ mod tests {
         );
         assert_eq!(line["error"], "refused");
         assert!(line.get("fields").is_none(), "{line}");
+    }
+
+    /// Found by the cold review: a connection's `listener` and `id` (its span's fields) were on
+    /// none of its lines, and a text that happened to be JSON changed a field's type.
+    #[test]
+    fn a_line_carries_its_spans_fields_and_each_field_keeps_one_type() {
+        let line = logged(|| {
+            let span = tracing::info_span!("connection", listener = "default", id = 7u64);
+            let _entered = span.enter();
+            let detail = r#"{"looks":"like json"}"#;
+            tracing::warn!(id = 8u64, %detail, counts = %r#"{"sluice_x_total":1}"#, "closed");
+        });
+        assert_eq!((line["span"].as_str(), line["listener"].as_str()), (Some("connection"), Some("default")), "{line}");
+        assert_eq!(line["id"], 8, "the event's own field wins: {line}");
+        assert_eq!(line["detail"], r#"{"looks":"like json"}"#, "a string stays a string: {line}");
+        assert_eq!(line["counts"]["sluice_x_total"], 1, "the final counts are an object: {line}");
     }
 
     #[test]
