@@ -279,6 +279,8 @@ fn producer(config: &Config) -> ClientConfig {
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("message.max.bytes", "100000000")
+        // A page waits this long for Kafka at most (librdkafka's default is 5 minutes).
+        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
         .set("client.id", "sluice-replay");
     client
 }
