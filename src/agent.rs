@@ -569,7 +569,7 @@ fn kafka_state(shipper: &Arc<Shipper>) -> ReadinessCheck {
             Err("kafka unreachable; records are buffered".into())
         } else if let Some(error) = shipper.topic_error() {
             Err(format!(
-                "kafka reachable, but topic {} is not writable ({error}); records are buffered",
+                "kafka reachable, but topic {} is missing or hidden ({error}); records are buffered",
                 shipper.default_topic()
             ))
         } else {
@@ -604,17 +604,17 @@ async fn probe_kafka(shipper: Arc<Shipper>, stop: CancellationToken) {
                 let topic = shipper.default_topic();
                 match (shipper.topic_error(), &mut missing) {
                     (Some(kafka_error), None) => {
-                        warn!(%topic, %kafka_error, "kafka answers but does not let the agent write the topic (create it, or grant the agent access); its records wait in the buffer under the buffer's policy");
+                        warn!(%topic, %kafka_error, "kafka answers but the topic does not exist or the agent may not see it (create it, or grant the agent Describe and Write); its records wait in the buffer under the buffer's policy");
                         missing = Some(Outage { began: now, reminded: now });
                     }
                     (Some(kafka_error), Some(since))
                         if now.duration_since(since.reminded) >= telemetry::repeats::REMINDER_EVERY =>
                     {
                         since.reminded = now;
-                        warn!(%topic, %kafka_error, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is still not writable; its records wait in the buffer");
+                        warn!(%topic, %kafka_error, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is still missing or hidden; its records wait in the buffer");
                     }
                     (None, Some(since)) => {
-                        info!(%topic, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is writable now");
+                        info!(%topic, missing_for_seconds = now.duration_since(since.began).as_secs(), "the topic is there now");
                         missing = None;
                     }
                     _ => {}

@@ -335,7 +335,8 @@ pub struct Shipper {
     /// Set once printing to stdout failed (a closed pipe): the agent is draining; said once.
     stdout_failing: AtomicBool,
     /// What Kafka said of the default topic at the last probe that reached it, if not that it is
-    /// there: `Broker: Unknown topic or partition`, `Broker: Topic authorization failed`.
+    /// there: `Broker: Unknown topic or partition`, `Broker: Topic authorization failed` (no
+    /// Describe; a principal that may Describe but not Write is seen only in delivery errors).
     topic_error: std::sync::Mutex<Option<String>>,
 }
 
@@ -765,8 +766,9 @@ impl Shipper {
     /// delivered (a memory buffer: settling touches no file). Stdout that cannot be written (a
     /// closed pipe: `sluice agent --dry-run | head`) has no reader left: the agent drains and
     /// exits non-zero, as `yes | head` ends, each record it can no longer print counted
-    /// ([`Buffer::unsent`]). A write still waiting when the drain begins is given up the same
-    /// way, not waited for.
+    /// ([`Buffer::unsent`]). A write still blocked (a reader that stopped reading) when the
+    /// drain stops the shipper is given up the same way; its bytes may still reach a reader that
+    /// resumes before the exit (counted lost, printed).
     async fn print(
         &self,
         topic: &str,

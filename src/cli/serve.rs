@@ -86,7 +86,7 @@ pub fn check_config(file: &std::path::Path, no_env: bool) -> ExitCode {
 }
 
 /// Runs `role` with the config in `file` until it has shut down; `dry_run` (the agent's
-/// `--dry-run`) sets `ship.sink = "stdout"`.
+/// `--dry-run`) makes it a dry run ([`Config::dry_run`]: printed, in memory).
 pub fn serve(file: &std::path::Path, role: Role, dry_run: bool) -> ExitCode {
     let config = match load(file, Some(role), Environment::Read) {
         Ok(mut config) => {

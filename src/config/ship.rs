@@ -73,7 +73,9 @@ pub struct ShipConfig {
     /// Where records go: `"kafka"`, or `"stdout"` — each record printed as one JSON line (its
     /// topic, key, headers and envelope) instead of being sent, to see what a config would ship
     /// (multiline joins, templates, masking) before touching Kafka. `sluice agent --dry-run`
-    /// sets it. Takes effect at start. Default `"kafka"`.
+    /// sets it, with a memory buffer: `"stdout"` refuses a disk one (printing settles what it
+    /// prints, so it must not read a spool a real run owes to Kafka). Takes effect at start.
+    /// Default `"kafka"`.
     pub sink: Sink,
 }
 

@@ -29,6 +29,11 @@ pub(super) fn line(topic: &str, key: Option<&[u8]>, headers: Option<&OwnedHeader
     line.push_str(",\"envelope\":");
     line.push_str(&envelope(payload));
     line.push('}');
+    // One line, whatever the record: a raw newline in JSON text can only be whitespace between
+    // tokens (a multiline join of pretty-printed JSON), where a space means the same.
+    if line.contains(['\n', '\r']) {
+        line = line.replace(['\n', '\r'], " ");
+    }
     line
 }
 
@@ -38,17 +43,15 @@ fn lossy(bytes: &[u8]) -> Value {
 
 /// The envelope as the JSON envelope writes it (docs/PROTOCOL.md): a JSON envelope as it is
 /// shipped, a binary one as the JSON envelope of the row a persister makes of it (the record's
-/// text exactly as written); one a persister could not read is shown with why, and its bytes.
+/// text exactly as written); one a persister would keep as a dead letter, in either encoding,
+/// is shown with why, and its bytes.
 fn envelope(payload: &[u8]) -> String {
-    if payload.first() == Some(&b'{')
-        && let Ok(text) = std::str::from_utf8(payload)
-        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
-    {
-        return text.to_string();
-    }
     let origin = Origin { topic: String::new(), partition: 0, offset: 0 };
     match crate::persist::row::parse(Some(payload), origin) {
-        Parsed::Row(row) => String::from_utf8(row.into_envelope()).unwrap_or_default(),
+        Parsed::Row(row) => match std::str::from_utf8(payload) {
+            Ok(text) if payload.first() == Some(&b'{') => text.to_string(),
+            _ => String::from_utf8(row.into_envelope()).unwrap_or_default(),
+        },
         Parsed::Dead(letter) => json!({ "unreadable": letter.error, "bytes": lossy(payload) }).to_string(),
     }
 }
@@ -105,5 +108,21 @@ mod tests {
         let shown: serde_json::Value =
             serde_json::from_str(&line("logs", None, None, b"\xffnot one")).expect("a JSON line");
         assert!(shown["envelope"]["unreadable"].as_str().expect("why").contains("not a sluice envelope"), "{shown}");
+    }
+
+    /// Found by the second cold review: a JSON record joined from pretty-printed lines holds raw
+    /// newlines between its tokens, and was printed over several lines; and a JSON envelope a
+    /// persister would refuse was shown as if it were fine.
+    #[test]
+    fn a_record_is_one_line_and_a_json_envelope_the_persister_refuses_is_shown_why() {
+        for kind in [EnvelopeKind::Binary, EnvelopeKind::Json] {
+            let shown = line("logs", None, None, &written(kind, "{\n  \"message\": \"a\\nb\"\n}"));
+            assert_eq!(shown.lines().count(), 1, "{shown}");
+            let value: serde_json::Value = serde_json::from_str(&shown).expect("a JSON line");
+            assert_eq!(value["envelope"]["record"]["message"], "a\nb", "{shown}");
+        }
+        let nul = br#"{"v":1,"id":"x-1","ingest_time":"2026-12-07T01:02:03Z","format":"json","record":{"m":"\u0000"}}"#;
+        let value: serde_json::Value = serde_json::from_str(&line("logs", None, None, nul)).expect("a JSON line");
+        assert!(value["envelope"]["unreadable"].as_str().expect("why").contains("U+0000"), "{value}");
     }
 }

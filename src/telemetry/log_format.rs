@@ -7,8 +7,9 @@
 //! text as a string; a value recorded with `?`/`%` that is a list of strings (`["ship.sink"]`) or
 //! a Rust string's quotes as that JSON, so arrays are arrays and no `Debug` quoting shows; the
 //! final counts as an object; anything else as its text. The fields of the spans an event is in
-//! (a connection's `listener` and `id`) are on its line too. Must not: drop a field (a name the
-//! line already uses is kept as `field.NAME`), or write anything but one line per event.
+//! (a connection's `listener` and `id`) are on its line too. Must not: drop one of the event's
+//! fields (a name the line already uses is kept as `field.NAME`; a span's, as `span.NAME`), or
+//! write anything but one line per event.
 //!
 //! tracing-subscriber's own JSON layer nests fields under `fields` and writes every `?`/`%`
 //! value as a string; its `flatten_event` still writes lists as strings. This is the small
@@ -52,12 +53,14 @@ where
             line.push(("span".into(), span.name().into()));
         }
         // The fields of the spans the event is in (a connection's `listener` and `id`), the
-        // innermost last; the event's own fields win over them.
-        for span in ctx.event_scope().into_iter().flat_map(|scope| scope.from_root()) {
+        // innermost first. A name taken already (by the event, or an inner span) is kept as
+        // `span.NAME` — the nearest span's only.
+        for span in ctx.event_scope().into_iter().flatten() {
             let extensions = span.extensions();
             let Some(formatted) = extensions.get::<FormattedFields<N>>() else { continue };
             let Ok(serde_json::Value::Object(span_fields)) = serde_json::from_str(formatted.as_str()) else { continue };
             for (name, value) in span_fields {
+                let name = if fields.0.iter().any(|(taken, _)| *taken == name) { format!("span.{name}") } else { name };
                 if !fields.0.iter().any(|(taken, _)| *taken == name) {
                     fields.0.push((name, value));
                 }
@@ -209,7 +212,7 @@ mod tests {
             tracing::warn!(id = 8u64, %detail, counts = %r#"{"sluice_x_total":1}"#, "closed");
         });
         assert_eq!((line["span"].as_str(), line["listener"].as_str()), (Some("connection"), Some("default")), "{line}");
-        assert_eq!(line["id"], 8, "the event's own field wins: {line}");
+        assert_eq!((line["id"].as_u64(), line["span.id"].as_u64()), (Some(8), Some(7)), "both kept: {line}");
         assert_eq!(line["detail"], r#"{"looks":"like json"}"#, "a string stays a string: {line}");
         assert_eq!(line["counts"]["sluice_x_total"], 1, "the final counts are an object: {line}");
     }

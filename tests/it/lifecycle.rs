@@ -134,18 +134,18 @@ async fn a_topic_kafka_does_not_have_is_said_in_the_log_and_on_healthz_and_its_r
     let admin = agent.wait_admin().await;
     let body = until("/healthz/kafka to name the topic", || async {
         match http_get(admin, "/healthz/kafka").await {
-            Ok((503, body)) if body.contains("is not writable") => Ok(body),
+            Ok((503, body)) if body.contains("is missing or hidden") => Ok(body),
             other => Err(format!("{other:?}")),
         }
     })
     .await;
     assert!(body.contains(&setup.topic) && body.contains("Unknown topic"), "{body}");
-    until_logged(&agent, "does not let the agent write the topic").await;
+    until_logged(&agent, "the topic does not exist or the agent may not see it").await;
     send_lines(&setup.config.socket(), &[b"waits for its topic".to_vec()]).await;
     until_metric(admin, telemetry::INGEST_RECORDS, &[], 1.0).await;
 
     create_topic(&setup.bootstrap, &setup.topic, 1).await;
-    until_logged(&agent, "the topic is writable now").await;
+    until_logged(&agent, "the topic is there now").await;
     let _persister = setup.persister().await;
     assert_eq!(until_rows(&setup.db().await, 1).await, 1);
     let (status, body) = http_get(admin, "/healthz/kafka").await.expect("healthz/kafka");
