@@ -197,7 +197,7 @@ impl AgentId {
         Self::hashed(instance)
     }
 
-    /// Made from a hash of the id ([`AgentId::hashed`]): the id cannot be read back from it.
+    /// Made from a hash of the id (an id not an agent's own): the id cannot be read back from it.
     pub fn is_hashed(&self) -> bool {
         self.0[8] & 0xe0 == 0xe0
     }
