@@ -5,6 +5,7 @@
 mod admin;
 mod chart;
 mod cli;
+mod clusters;
 mod faults;
 mod hostile;
 mod in_process;

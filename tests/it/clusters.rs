@@ -1,0 +1,184 @@
+//! Past one PostgreSQL (issue 34): a persister deployment per database cluster — each its own
+//! consumer group, topic pattern and PostgreSQL URL — and agents that route each record to its
+//! namespace's topic with a topic template. Each record lives in one topic, so its key and its
+//! idempotence stay inside one cluster, and a cluster that is down holds up only its own group.
+//! docs/SCALING.md describes the layout these tests run.
+
+use crate::support::*;
+use sluice::telemetry;
+
+/// The stack's PostgreSQL and a private cluster, one persister on each.
+struct TwoClusters {
+    /// Topics `<prefix>.team-a`, `<prefix>.team-b` and the default `<prefix>.other`.
+    prefix: String,
+    /// Team a's persister config: the stack's PostgreSQL.
+    a: TestConfig,
+    /// Team b's persister config: `private`.
+    b: TestConfig,
+    private: PrivatePostgres,
+}
+
+impl TwoClusters {
+    async fn start() -> Self {
+        let services = services();
+        let prefix = unique("clusters");
+        for team in ["team-a", "team-b", "other"] {
+            create_topic(&services.kafka, &format!("{prefix}.{team}"), 2).await;
+        }
+        let private = PrivatePostgres::start().await;
+        let persister = |team: &str| {
+            let mut config = TestConfig::new(&services, &format!("{prefix}.{team}"));
+            let pattern = format!("^{}\\.{team}$", prefix.replace('.', "\\."));
+            config.set("persist", "topics", toml::Value::Array(vec![pattern.into()]));
+            config
+        };
+        let a = persister("team-a");
+        let mut b = persister("team-b");
+        b.set("postgres", "url", private.url());
+        // The private cluster speaks no TLS.
+        b.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
+        Self { prefix, a, b, private }
+    }
+
+    /// An agent of `namespace`, routing by `{pod.namespace}`.
+    async fn agent(&self, namespace: &str) -> (TestConfig, Process) {
+        let mut config = TestConfig::new(&services(), &format!("{}.other", self.prefix));
+        config.set("kafka", "topic", format!("{}.{{pod.namespace}}", self.prefix)).set(
+            "kafka",
+            "default_topic",
+            format!("{}.other", self.prefix),
+        );
+        config.env.push(("POD_NAMESPACE".into(), namespace.into()));
+        let agent = start_agent(&config).await;
+        (config, agent)
+    }
+
+    async fn db_b(&self) -> tokio_postgres::Client {
+        let mut config: tokio_postgres::Config = self.private.url().parse().expect("a URL");
+        config.options(format!("-c search_path={}", self.b.schema()));
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to the private cluster");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
+    numbers.map(|n| numbered(tag, n).into_bytes()).collect()
+}
+
+/// Issue 34: records of two namespaces land each in its own cluster, exactly once; with one
+/// cluster stopped, the other's rows keep flowing and only the stopped one's group lags; once it
+/// is back, every record is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_namespace_lands_in_its_own_cluster_once_and_a_stopped_cluster_holds_up_only_its_own() {
+    let clusters = TwoClusters::start().await;
+    let _persister_a = start_persister(&clusters.a).await;
+    let _persister_b = start_persister(&clusters.b).await;
+    let (agent_a, _a) = clusters.agent("team-a").await;
+    let (agent_b, _b) = clusters.agent("team-b").await;
+    let db_a = pg(&services(), &clusters.a.schema()).await;
+    let db_b = clusters.db_b().await;
+
+    send_lines(&agent_a.socket(), &numbered_lines("a", 0..200)).await;
+    send_lines(&agent_b.socket(), &numbered_lines("b", 0..200)).await;
+    until_rows(&db_a, 200).await;
+    until_rows(&db_b, 200).await;
+    assert_each_once(&stored_numbers(&db_a, "a").await, 0..200);
+    assert_each_once(&stored_numbers(&db_b, "b").await, 0..200);
+    assert!(stored_numbers(&db_a, "b").await.is_empty() && stored_numbers(&db_b, "a").await.is_empty());
+
+    // Team b's cluster goes away: team a's records keep arriving; team b's wait in its topic.
+    clusters.private.crash();
+    send_lines(&agent_a.socket(), &numbered_lines("a", 200..300)).await;
+    send_lines(&agent_b.socket(), &numbered_lines("b", 200..300)).await;
+    until_rows(&db_a, 300).await;
+    until("team b's group to lag", || async {
+        let lag = scrape(clusters.b.persist_admin()).await.count(telemetry::PERSIST_LAG_RECORDS, &[]);
+        if lag > 0.0 { Ok(()) } else { Err(format!("lag {lag}")) }
+    })
+    .await;
+    let lag_a = scrape(clusters.a.persist_admin()).await.count(telemetry::PERSIST_LAG_RECORDS, &[]);
+    assert_eq!(lag_a, 0.0, "team a's group is not held up");
+
+    clusters.private.resume().await;
+    // The crash ended the test's own session too.
+    let db_b = clusters.db_b().await;
+    until_rows(&db_b, 300).await;
+    assert_each_once(&stored_numbers(&db_a, "a").await, 0..300);
+    assert_each_once(&stored_numbers(&db_b, "b").await, 0..300);
+}
+
+/// Issue 34: moving a namespace to another cluster at a cut-over. The agents' template moves the
+/// namespace's records to a topic the new cluster's persisters read (`<prefix>.b.…` instead of
+/// `<prefix>.a.…`), by a config reload while records keep coming; records already held keep the
+/// topic they had. Every record is then in exactly one of the two clusters: none lost, none in
+/// both (docs/SCALING.md, "Moving a namespace").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_nothing() {
+    let services = services();
+    let prefix = unique("cutover");
+    for topic in ["a.team-x", "b.team-x", "other"] {
+        create_topic(&services.kafka, &format!("{prefix}.{topic}"), 2).await;
+    }
+    let private = PrivatePostgres::start().await;
+    let persister = |cluster: &str| {
+        let mut config = TestConfig::new(&services, &format!("{prefix}.{cluster}.team-x"));
+        config.set("persist", "topics", toml::Value::Array(vec![format!("^{prefix}\\.{cluster}\\..*").into()]));
+        config
+    };
+    let a = persister("a");
+    let mut b = persister("b");
+    b.set("postgres", "url", private.url());
+    b.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
+    let _persister_a = start_persister(&a).await;
+    let _persister_b = start_persister(&b).await;
+
+    let mut agent_config = TestConfig::new(&services, &format!("{prefix}.other"));
+    let route = |cluster: &str| format!("{prefix}.{cluster}.{{pod.namespace}}");
+    agent_config.set("kafka", "topic", route("a")).set("kafka", "default_topic", format!("{prefix}.other"));
+    agent_config.env.push(("POD_NAMESPACE".into(), "team-x".into()));
+    let path = agent_config.write();
+    let mut agent = Process::spawn_with_env(
+        "agent",
+        &["agent", "--config", path.to_str().expect("path")],
+        agent_config.dir.path(),
+        &agent_config.env,
+    );
+    let admin = agent.wait_admin().await;
+    let socket = agent_config.socket();
+    sluice_harness::eventually("the socket", || std::future::ready(socket.exists().then_some(()))).await;
+
+    // Records keep coming while the agent moves the namespace to cluster b.
+    let sender = {
+        let socket = socket.clone();
+        tokio::spawn(async move {
+            for batch in 0..40u64 {
+                send_lines(&socket, &numbered_lines("x", batch * 10..batch * 10 + 10)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    agent_config.set("kafka", "topic", route("b"));
+    agent_config.write_to(&path);
+    agent.signal("HUP");
+    until_metric_at_least(admin, telemetry::CONFIG_RELOADS, &[("result", "applied")], 1.0).await;
+    sender.await.expect("the sender");
+    send_lines(&socket, &numbered_lines("x", 400..410)).await;
+
+    let db_a = pg(&services, &a.schema()).await;
+    let mut config: tokio_postgres::Config = private.url().parse().expect("a URL");
+    config.options(format!("-c search_path={}", b.schema()));
+    let (db_b, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to cluster b");
+    tokio::spawn(connection);
+    until("every record in one cluster or the other", || async {
+        let stored = row_count(&db_a).await + row_count(&db_b).await;
+        if stored >= 410 { Ok(()) } else { Err(format!("{stored} rows")) }
+    })
+    .await;
+    let (in_a, in_b) = (stored_numbers(&db_a, "x").await, stored_numbers(&db_b, "x").await);
+    assert!(!in_a.is_empty() && in_b.contains(&400), "both clusters took part: {} and {}", in_a.len(), in_b.len());
+    let mut all = in_a.clone();
+    all.extend(&in_b);
+    assert_each_once(&all, 0..410);
+}
