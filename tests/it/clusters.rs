@@ -182,3 +182,99 @@ async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_n
     all.extend(&in_b);
     assert_each_once(&all, 0..410);
 }
+
+/// `postgres://user@host:port/` of `url`, and the user.
+fn server_of(url: &str) -> (String, String) {
+    let config: tokio_postgres::Config = url.parse().expect("a URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        other => panic!("a TCP host, not {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().expect("a user").to_string();
+    (format!("postgres://{user}@{host}:{port}/"), user)
+}
+
+/// Issue 34: a reader database over both clusters with what PostgreSQL ships (postgres_fdw, set
+/// up by `scripts/reader`): one view returns every row of both, each once, with its cluster; a
+/// filter on it is pushed down to each cluster, and the clusters are scanned at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed_down() {
+    let clusters = TwoClusters::start().await;
+    let _persister_a = start_persister(&clusters.a).await;
+    let _persister_b = start_persister(&clusters.b).await;
+    let (agent_a, _a) = clusters.agent("team-a").await;
+    let (agent_b, _b) = clusters.agent("team-b").await;
+    send_lines(&agent_a.socket(), &numbered_lines("a", 0..100)).await;
+    send_lines(&agent_b.socket(), &numbered_lines("b", 0..100)).await;
+    until_rows(&pg(&services(), &clusters.a.schema()).await, 100).await;
+    until_rows(&clusters.db_b().await, 100).await;
+
+    // The reader: a database of its own on the stack's server.
+    let (stack, _) = server_of(&services().pg);
+    let reader_db = unique("reader");
+    let admin = pg(&services(), "public").await;
+    admin.batch_execute(&format!("CREATE DATABASE {reader_db}")).await.expect("the reader database");
+    let output = std::process::Command::new(source_path("scripts/reader"))
+        .arg(format!("{stack}{reader_db}"))
+        .arg(format!("team_a={stack}sluice?schema={}", clusters.a.schema()))
+        .arg(format!(
+            "team_b=postgres://postgres@127.0.0.1:{}/sluice?schema={}",
+            clusters.private.port,
+            clusters.b.schema()
+        ))
+        .output()
+        .expect("scripts/reader");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{said}");
+    assert!(said.contains("added team_a") && said.contains("added team_b"), "{said}");
+
+    let mut config: tokio_postgres::Config = services().pg.parse().expect("a URL");
+    config.dbname(&reader_db);
+    let (reader, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to the reader");
+    tokio::spawn(connection);
+    let by_cluster: Vec<(String, i64)> = reader
+        .query("SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster", &[])
+        .await
+        .expect("the union view")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(by_cluster, [("team_a".to_string(), 100), ("team_b".to_string(), 100)]);
+    let payloads: Vec<String> = reader
+        .query("SELECT coalesce(record::text, message) FROM sluice_reader.logs", &[])
+        .await
+        .expect("payloads")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_each_once(&numbers_in("a", &payloads), 0..100);
+    assert_each_once(&numbers_in("b", &payloads), 0..100);
+
+    // A time given as a value is shipped to each cluster; `now() - …` would not be (postgres_fdw
+    // ships no stable function), and every cluster would send all of the namespace's rows.
+    let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let plan: Vec<String> = reader
+        .query(
+            &format!(
+                "EXPLAIN (VERBOSE, COSTS OFF) SELECT cluster, message FROM sluice_reader.logs \
+                 WHERE pod_namespace = 'team-a' AND ingest_time > '{since}'"
+            ),
+            &[],
+        )
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert_eq!(plan.matches("Async Foreign Scan").count(), 2, "both clusters at once:\n{plan}");
+    let remote: Vec<&str> = plan.lines().filter(|line| line.contains("Remote SQL")).collect();
+    assert_eq!(remote.len(), 2, "{plan}");
+    assert!(
+        remote.iter().all(|sql| sql.contains("(pod_namespace = 'team-a')") && sql.contains("(ingest_time > '")),
+        "both filters pushed down to each cluster:\n{plan}"
+    );
+    drop(reader);
+    admin.batch_execute(&format!("DROP DATABASE {reader_db} WITH (FORCE)")).await.expect("drop the reader");
+}
