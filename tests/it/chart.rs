@@ -107,6 +107,24 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "two persisters, keda",
+        &[
+            "persister.keda.enabled=true",
+            "persisters[0].name=team-a",
+            "persisters[0].postgresUrlSecret.name=sluice-postgres-team-a",
+            "persisters[0].config.persist.group_id=sluice-team-a",
+            // --set takes a backslash as an escape: a class instead of `\.`.
+            "persisters[0].config.persist.topics[0]=^logs[.]team-a$",
+            "persisters[1].name=team-b",
+            "persisters[1].postgresUrlSecret.name=sluice-postgres-team-b",
+            "persisters[1].config.persist.group_id=sluice-team-b",
+            "persisters[1].config.persist.topics[0]=logs.team-b",
+            "persisters[1].keda.enabled=false",
+            "persisters[1].autoscaling.enabled=true",
+            "persisters[1].podDisruptionBudget.enabled=false",
+        ],
+    ),
+    (
         "hpa, memory buffer, secrets",
         &[
             "persister.autoscaling.enabled=true",
@@ -157,15 +175,48 @@ fn helm(args: &[&str]) -> std::process::Output {
         .unwrap_or_else(|error| panic!("{} ({error}): run `scripts/tools helm` or set SLUICE_HELM", helm.display()))
 }
 
-fn render(sets: &[&str]) -> String {
+/// `helm template` of the chart with a values file holding `values` (none if empty) and `sets`.
+fn template(values: &str, sets: &[&str]) -> std::process::Output {
     let chart = chart();
+    let file = tempfile::NamedTempFile::new().expect("values file");
+    std::fs::write(file.path(), values).expect("write values");
+    let file = file.path().display().to_string();
     let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
+    if !values.is_empty() {
+        args.extend(["--values", file.as_str()]);
+    }
     for set in sets {
         args.extend(["--set", set]);
     }
-    let output = helm(&args);
+    helm(&args)
+}
+
+fn render(sets: &[&str]) -> String {
+    render_values("", sets)
+}
+
+/// The manifests `template` renders; a failure to render fails the test.
+fn render_values(values: &str, sets: &[&str]) -> String {
+    let output = template(values, sets);
     assert!(output.status.success(), "helm template {sets:?}: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// Validates the manifests in `file` with kubernetes-validate against Kubernetes 1.29 and a
+/// current release, strictly; `what` names them in a failure.
+fn assert_validates_strictly(file: &std::path::Path, what: &str) {
+    let validate = tool("SLUICE_KUBERNETES_VALIDATE", "python/bin/kubernetes-validate");
+    for version in ["1.29.0", "1.35.0"] {
+        let output = Command::new(&validate)
+            .args(["-k", version, "--strict", "--quiet"])
+            .arg(file)
+            .output()
+            .unwrap_or_else(|error| panic!("{} ({error}): run `scripts/tools python`", validate.display()));
+        let report = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+        // Prometheus Operator and KEDA kinds have no built-in schema: warned, not validated.
+        let errors = report.lines().filter(|line| line.contains("ERROR")).count();
+        assert!(output.status.success() && errors == 0, "{what} on Kubernetes {version}:\n{report}");
+    }
 }
 
 fn documents(text: &str) -> Vec<Value> {
@@ -198,22 +249,11 @@ fn the_chart_lints_and_renders_for_every_value_set() {
 
 #[test]
 fn rendered_manifests_validate_against_kubernetes_1_29_and_a_current_release_strictly() {
-    let validate = tool("SLUICE_KUBERNETES_VALIDATE", "python/bin/kubernetes-validate");
     let dir = tempfile::tempdir().expect("tempdir");
     for (index, (name, sets)) in VALUE_SETS.iter().enumerate() {
         let file = dir.path().join(format!("{index}.yaml"));
         std::fs::write(&file, render(sets)).expect("write");
-        for version in ["1.29.0", "1.35.0"] {
-            let output = Command::new(&validate)
-                .args(["-k", version, "--strict", "--quiet"])
-                .arg(&file)
-                .output()
-                .unwrap_or_else(|error| panic!("{} ({error}): run `scripts/tools python`", validate.display()));
-            let report = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
-            // Prometheus Operator and KEDA kinds have no built-in schema: warned, not validated.
-            let errors: Vec<&str> = report.lines().filter(|line| line.contains("ERROR")).collect();
-            assert!(output.status.success() && errors.is_empty(), "{name} on Kubernetes {version}:\n{report}");
-        }
+        assert_validates_strictly(&file, name);
     }
 }
 
@@ -301,13 +341,11 @@ fn the_values_schema_rejects_wrong_types_unknown_keys_and_contradictions() {
         (vec!["persister.serviceAccount.automount=true"], "automount"),
         (vec!["monitoring.podMonitor.relabelings[0].action=rename"], "action"),
         (vec!["monitoring.additionalLabels.release=1"], "release"),
+        (vec!["persisters[0].name=Team_A"], "/persisters/0/name"),
+        (vec!["persisters[0].name=a", "persisters[0].replica=3"], "additional properties 'replica' not allowed"),
+        (vec!["persisters[0].replicas=3"], "missing property 'name'"),
     ] {
-        let chart = chart();
-        let mut args = vec!["template", "t", chart.as_str(), "--kube-version", "1.29.0"];
-        for set in &sets {
-            args.extend(["--set", set]);
-        }
-        let output = helm(&args);
+        let output = template("", &sets);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success() && stderr.contains(expected), "{sets:?}: {stderr}");
     }
@@ -541,6 +579,208 @@ fn the_persister_takes_the_usual_values_and_pins_no_uid() {
     assert!(!openshift.contains("fsGroup"), "sidecar.fsGroup=null leaves the pod's fsGroup to the platform");
 }
 
+/// The values of helm/sluice/README.md's "Several PostgreSQL clusters": team-a and team-b, KEDA on.
+fn several_clusters_example() -> &'static str {
+    let readme = include_str!("../../helm/sluice/README.md");
+    let (_, section) = readme.split_once("## Several PostgreSQL clusters").expect("the README's section");
+    let (_, block) = section.split_once("```yaml\n").expect("its values");
+    block.split_once("```").expect("the block's end").0
+}
+
+/// The rendered object of `kind` named `name`.
+fn object<'a>(documents: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    documents
+        .iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("a {kind} {name}"))
+}
+
+/// Whether a `matchLabels` selector selects pods labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let labels = labels.as_mapping().expect("labels");
+    selector.as_mapping().expect("matchLabels").iter().all(|(key, value)| labels.get(key) == Some(value))
+}
+
+#[test]
+fn two_persisters_render_each_with_its_group_topics_url_and_keda_scaler() {
+    let text = render_values(several_clusters_example(), &[]);
+    let rendered = documents(&text);
+    let pods = |name: &str| object(&rendered, "Deployment", name)["spec"]["template"]["metadata"]["labels"].clone();
+    let cases = [
+        ("team-a", "sluice-team-a", vec!["^logs\\.team-a$", "logs.other"], None, 6),
+        ("team-b", "sluice-team-b", vec!["logs.team-b"], Some("logs.team-b"), 3),
+    ];
+    for (id, group, topics, keda_topic, max_replicas) in &cases {
+        let name = format!("t-sluice-persister-{id}");
+        let other = format!("t-sluice-persister-{}", if *id == "team-a" { "team-b" } else { "team-a" });
+
+        let deployment = object(&rendered, "Deployment", &name);
+        let spec = pod_spec(deployment).expect("pod spec");
+        let selector = &deployment["spec"]["selector"]["matchLabels"];
+        assert_eq!(selector["sluice.dev/persister"], *id);
+        assert!(selects(selector, &pods(&name)), "{name} selects its own pods");
+        assert!(!selects(selector, &pods(&other)), "{name} does not select {other}'s pods");
+        let url = spec["containers"][0]["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == "SLUICE_POSTGRES__URL");
+        let url = &url.expect("the PostgreSQL URL")["valueFrom"]["secretKeyRef"];
+        assert_eq!(
+            (url["name"].as_str(), url["key"].as_str()),
+            (Some(format!("sluice-postgres-{id}").as_str()), Some("url"))
+        );
+        assert_eq!(spec["volumes"][0]["configMap"]["name"], name.as_str(), "its own config");
+        assert_eq!(spec["serviceAccountName"], name.as_str());
+        assert!(deployment["spec"].get("replicas").is_none(), "{name}: KEDA sets its replicas");
+
+        let config = &object(&rendered, "ConfigMap", &name)["data"]["persist.toml"];
+        let config: toml::Table = toml::from_str(config.as_str().expect("persist.toml")).expect("TOML");
+        assert_eq!(config["persist"]["group_id"].as_str(), Some(*group), "{name}");
+        let read: Vec<&str> =
+            config["persist"]["topics"].as_array().expect("topics").iter().filter_map(|t| t.as_str()).collect();
+        assert_eq!(&read, topics, "{name}");
+        assert_eq!(config["kafka"]["topic"].as_str(), Some("logs.{pod.namespace}"), "{name}: the agents' routing");
+
+        let scaled = object(&rendered, "ScaledObject", &name);
+        assert_eq!(scaled["spec"]["scaleTargetRef"]["name"], name.as_str());
+        assert_eq!(scaled["spec"]["maxReplicaCount"], *max_replicas, "{name}: its own keda values");
+        let trigger = &scaled["spec"]["triggers"][0]["metadata"];
+        assert_eq!(trigger["consumerGroup"].as_str(), Some(*group), "{name}");
+        assert_eq!(trigger["topic"].as_str(), *keda_topic, "{name}: a pattern names no topic, one name does");
+
+        let budget = object(&rendered, "PodDisruptionBudget", &name);
+        let covers = &budget["spec"]["selector"]["matchLabels"];
+        assert!(
+            selects(covers, &pods(&name)) && !selects(covers, &pods(&other)),
+            "{name}'s budget covers its pods only"
+        );
+        let service = object(&rendered, "Service", &name);
+        assert!(!selects(&service["spec"]["selector"], &pods(&other)), "{name}'s Service");
+        assert_eq!(
+            service["metadata"]["labels"]["app.kubernetes.io/component"], "persister",
+            "the ServiceMonitor's selector"
+        );
+        object(&rendered, "ServiceAccount", &name);
+    }
+    let checksums: Vec<&Value> = cases
+        .iter()
+        .map(|(id, ..)| {
+            &object(&rendered, "Deployment", &format!("t-sluice-persister-{id}"))["spec"]["template"]["metadata"]
+                ["annotations"]["checksum/config"]
+        })
+        .collect();
+    assert_ne!(checksums[0], checksums[1], "each rolls on its own config");
+    assert!(
+        !rendered.iter().any(|d| d["metadata"]["name"] == "t-sluice-persister"),
+        "with a list, `persister` is only the defaults"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("several-clusters.yaml");
+    std::fs::write(&file, &text).expect("write");
+    assert_validates_strictly(&file, "the README's several clusters");
+}
+
+#[test]
+fn an_empty_persisters_list_renders_the_one_persister_as_before() {
+    let defaults = render(&["persister.keda.enabled=true"]);
+    assert_eq!(render_values("persisters: []\n", &["persister.keda.enabled=true"]), defaults);
+    assert!(!defaults.contains("sluice.dev/persister"), "no label of the list");
+    let rendered = documents(&defaults);
+    for kind in ["ConfigMap", "Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "ScaledObject"] {
+        let persisters: Vec<&Value> = rendered
+            .iter()
+            .filter(|d| d["kind"] == kind && d["metadata"]["labels"]["app.kubernetes.io/component"] == "persister")
+            .collect();
+        assert_eq!(persisters.len(), 1, "one {kind}");
+        assert_eq!(persisters[0]["metadata"]["name"], "t-sluice-persister", "{kind}");
+    }
+    let selector = &object(&rendered, "Deployment", "t-sluice-persister")["spec"]["selector"]["matchLabels"];
+    let expected: Value = serde_norway::from_str(
+        "{app.kubernetes.io/name: sluice, app.kubernetes.io/instance: t, app.kubernetes.io/component: persister}",
+    )
+    .expect("yaml");
+    assert_eq!(*selector, expected, "a Deployment's selector cannot change on upgrade");
+    let trigger = &object(&rendered, "ScaledObject", "t-sluice-persister")["spec"]["triggers"][0]["metadata"];
+    assert_eq!(
+        (trigger["consumerGroup"].as_str(), trigger["topic"].as_str()),
+        (Some("sluice-persist"), Some("sluice-logs"))
+    );
+}
+
+/// `helm template`'s error for `values`; it must fail.
+fn refusal(values: &str) -> String {
+    let output = template(values, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(!output.status.success(), "rendered:\n{values}");
+    stderr
+}
+
+#[test]
+fn duplicate_persister_names_are_refused_at_render() {
+    let stderr = refusal(
+        "persisters:
+  - {name: team-a, config: {persist: {group_id: a, topics: [logs.a]}}}
+  - {name: team-a, config: {persist: {group_id: b, topics: [logs.b]}}}
+",
+    );
+    assert!(stderr.contains(r#"persisters: two items are named "team-a""#), "{stderr}");
+}
+
+#[test]
+fn duplicate_consumer_groups_are_refused_at_render() {
+    // Named alike, or one left at persister's default group_id by both.
+    for (values, group) in [
+        (
+            "persisters:
+  - {name: team-a, config: {persist: {group_id: logs, topics: [logs.a]}}}
+  - {name: team-b, config: {persist: {group_id: logs, topics: [logs.b]}}}
+",
+            "logs",
+        ),
+        (
+            "persisters:
+  - {name: team-a, config: {persist: {topics: [logs.a]}}}
+  - {name: team-b, config: {persist: {topics: [logs.b]}}}
+",
+            "sluice-persist",
+        ),
+    ] {
+        let stderr = refusal(values);
+        let expected = format!(r#"persisters: "team-a" and "team-b" both use consumer group "{group}""#);
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+    // A disabled item is not deployed, so it takes no group.
+    render_values(
+        "persisters:
+  - {name: team-a, config: {persist: {group_id: logs, topics: [logs.a]}}}
+  - {name: team-b, enabled: false, config: {persist: {group_id: logs, topics: [logs.b]}}}
+",
+        &[],
+    );
+}
+
+#[test]
+fn a_topic_read_by_two_persisters_or_by_default_is_refused_at_render() {
+    let stderr = refusal(
+        "persisters:
+  - {name: team-a, config: {persist: {group_id: a, topics: ['^logs\\..*']}}}
+  - {name: team-b, config: {persist: {group_id: b, topics: [logs.b, '^logs\\..*']}}}
+",
+    );
+    assert!(stderr.contains(r#""team-a" and "team-b" both read "^logs\\..*""#), "{stderr}");
+    let stderr = refusal(
+        "persisters:
+  - {name: team-a, config: {persist: {group_id: a, topics: [logs.a]}}}
+  - {name: team-b, config: {persist: {group_id: b}}}
+",
+    );
+    assert!(stderr.contains(r#""team-b" sets no config.persist.topics"#), "{stderr}");
+    // One persister of a list may read the default topics, like `persister` alone.
+    render_values("persisters: [{name: only}]\n", &[]);
+}
+
 #[test]
 fn a_native_sidecar_is_refused_below_kubernetes_1_29_and_the_regular_one_renders() {
     let chart = chart();
@@ -601,7 +841,6 @@ fn an_apps_chart_with_sluice_as_a_dependency_renders_validates_and_runs_sluices_
     let (_dir, app) = parent_chart();
     let lint = helm(&["lint", "--strict", app.as_str(), "--kube-version", "1.29.0"]);
     assert!(lint.status.success(), "helm lint: {}", String::from_utf8_lossy(&lint.stdout));
-    let validate = tool("SLUICE_KUBERNETES_VALIDATE", "python/bin/kubernetes-validate");
     let sluice_version = {
         let chart: Value =
             serde_norway::from_str(include_str!("../../helm/sluice/Chart.yaml")).expect("helm/sluice/Chart.yaml");
@@ -618,15 +857,7 @@ fn an_apps_chart_with_sluice_as_a_dependency_renders_validates_and_runs_sluices_
         let text = String::from_utf8(output.stdout).expect("utf-8");
         let file = std::path::Path::new(&app).join(format!("{}.rendered.yaml", name.replace(' ', "-")));
         std::fs::write(&file, &text).expect("write");
-        for version in ["1.29.0", "1.35.0"] {
-            let output = Command::new(&validate)
-                .args(["-k", version, "--strict", "--quiet"])
-                .arg(&file)
-                .output()
-                .unwrap_or_else(|error| panic!("{} ({error}): run `scripts/tools python`", validate.display()));
-            let report = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
-            assert!(output.status.success() && !report.contains("ERROR"), "{name} on Kubernetes {version}:\n{report}");
-        }
+        assert_validates_strictly(&file, name);
         let shop = documents(&text)
             .into_iter()
             .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "shop-shop")

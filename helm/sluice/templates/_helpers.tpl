@@ -23,20 +23,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{- define "sluice.persister.selector" -}}
-app.kubernetes.io/name: {{ include "sluice.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: persister
-{{- end -}}
-
-{{/* The persister's ServiceAccount: its own when created, else the one named (or the namespace's default). */}}
-{{- define "sluice.persister.serviceAccountName" -}}
-{{- if .Values.persister.serviceAccount.create -}}
-{{- default (printf "%s-persister" (include "sluice.fullname" .)) .Values.persister.serviceAccount.name -}}
-{{- else -}}
-{{- .Values.persister.serviceAccount.name -}}
-{{- end -}}
-{{- end -}}
+{{/* The persisters' own names, labels and selectors: _persisters.tpl. */}}
 
 {{/* The example app container's securityContext: the hardening, no uid (the image's, 65532, or
      the one the platform assigns). */}}
