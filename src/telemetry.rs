@@ -479,24 +479,11 @@ pub fn init_logging(config: &LogConfig) -> Option<LogHandle> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::{FINAL_COUNTS_TARGET, final_counts, log_filter};
 
     #[test]
     fn the_final_counts_are_logged_whatever_the_level() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("captured").extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Captured::default();
+        let captured = crate::test_support::Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(log_filter("error").expect("filter"))
@@ -506,7 +493,7 @@ mod tests {
             tracing::info!("an ordinary line");
             tracing::info!(target: FINAL_COUNTS_TARGET, counts = r#"{"sluice_x_total":1}"#, "final counts");
         });
-        let text = String::from_utf8(captured.0.lock().expect("captured").clone()).expect("utf-8");
+        let text = captured.text();
         assert!(text.contains("final counts"), "{text}");
         assert!(!text.contains("an ordinary line"), "{text}");
     }

@@ -1,7 +1,7 @@
 //! What the crate's own tests share (compiled for tests only).
 //!
 //! Owns: the property tests' configuration, the source-tree walk of the tests that read the code
-//! itself, and small fixtures several modules' tests build records from. Must not: be used by the product.
+//! itself, a writer that captures log output, and small fixtures several modules' tests build records from. Must not: be used by the product.
 
 use proptest::test_runner::{Config, RngSeed};
 
@@ -61,5 +61,26 @@ pub(crate) fn pod() -> crate::envelope::PodMetadata {
         container: None,
         node: None,
         info: Default::default(),
+    }
+}
+
+/// A log writer that keeps what is written (`tracing_subscriber`'s `with_writer(move || w.clone())`).
+#[derive(Clone, Default)]
+pub(crate) struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything written so far, as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(self.0.lock().expect("captured").clone()).expect("utf-8")
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("captured").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

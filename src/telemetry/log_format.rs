@@ -147,25 +147,10 @@ fn as_json(text: String, object: bool) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::FlatJson;
 
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("captured").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     fn logged(log: impl FnOnce()) -> serde_json::Value {
-        let captured = Captured::default();
+        let captured = crate::test_support::Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
@@ -173,7 +158,7 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, log);
-        let text = String::from_utf8(captured.0.lock().expect("captured").clone()).expect("utf-8");
+        let text = captured.text();
         assert_eq!(text.lines().count(), 1, "{text}");
         serde_json::from_str(&text).expect("one JSON object")
     }

@@ -502,13 +502,8 @@ async fn a_poison_record_goes_to_dead_letters_and_the_records_after_it_arrive() 
     let letter = until("a dead letter", || db.query_one("SELECT reason, kafka_offset FROM dead_letters", &[])).await;
     assert_eq!(letter.get::<_, String>(0), "contains_nul");
     assert_eq!(letter.get::<_, i64>(1), 1);
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let payloads: Vec<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec!["before", "after"]);
 }
 
@@ -529,13 +524,8 @@ async fn a_record_postgres_rejects_goes_to_dead_letters_and_its_batch_neighbours
     let envelope: serde_json::Value = serde_json::from_slice(&letter.get::<_, Vec<u8>>(2)).expect("an envelope");
     assert_eq!((envelope["format"].as_str(), envelope["record"]["message"].as_str()), (Some("text"), Some("boom")));
     assert!(envelope["id"].as_str().is_some_and(|id| id.ends_with("-1")), "{envelope}");
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let payloads: Vec<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec!["before", "after"]);
     let rejected = [("reason", "rejected_by_postgres")];
     until_metric(config.persist_admin(), telemetry::PERSIST_DEAD_LETTERS, &rejected, 1.0).await;

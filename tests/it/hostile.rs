@@ -61,13 +61,7 @@ async fn nul_bytes_and_deep_json_are_refused_while_a_neighbour_connection_keeps_
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("too_deep")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[rejected("invalid_utf8")]), 1.0);
     assert_eq!(metrics.count(telemetry::INGEST_RECORDS, &[]), 3.0);
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY 1", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let payloads: Vec<String> = column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY 1").await;
     assert_eq!(payloads, vec!["neighbour 1".to_string(), "neighbour 2".into(), ok_depth]);
 }
 

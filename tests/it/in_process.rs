@@ -131,12 +131,7 @@ async fn send_over(socket: &std::path::Path, tag: &str, connections: usize, coun
 
 /// The `payload` of every row.
 async fn payloads(db: &tokio_postgres::Client) -> Vec<String> {
-    db.query("SELECT coalesce(record::text, message) FROM logs", &[])
-        .await
-        .expect("payloads")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+    column(db, "SELECT coalesce(record::text, message) FROM logs").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,13 +19,8 @@ async fn rejects_overlong_invalid_utf8_and_empty_lines_with_reasons_and_keeps_th
     send_lines(&config.socket(), &lines).await;
     until_rows(db, 3).await;
 
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let payloads: Vec<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec!["before the bad ones".to_string(), "after the bad ones".into(), "y".repeat(1024)]);
 
     let metrics = scrape(config.agent_admin()).await;
@@ -71,13 +66,8 @@ async fn a_text_line_whose_escaped_message_outgrows_the_bound_is_refused_too_lar
     let quotes = vec![b'"'; 1024]; // escapes to 2 KiB: within the bound
     send_lines(&config.socket(), &[vec![0x01; 1024], quotes.clone(), b"after".to_vec()]).await;
     until_rows(db, 2).await;
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let payloads: Vec<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec![String::from_utf8(quotes).expect("utf-8"), "after".to_string()]);
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]), 1.0);
@@ -92,13 +82,8 @@ async fn a_text_line_of_control_characters_at_the_limit_is_carried_as_it_is_in_t
     let controls = vec![0x01; 1024];
     send_lines(&config.socket(), &[controls.clone(), b"after".to_vec()]).await;
     until_rows(db, 2).await;
-    let payloads: Vec<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let payloads: Vec<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec![String::from_utf8(controls).expect("utf-8"), "after".to_string()]);
     let metrics = scrape(config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_REJECTED, &[("reason", "too_large")]), 0.0);

@@ -387,8 +387,7 @@ async fn a_line_the_drain_cuts_short_is_counted_truncated_and_every_row_is_a_who
     let truncated = final_count(&log, telemetry::INGEST_REJECTED, &[("reason", "truncated")]);
     assert_eq!(truncated, 1.0, "the half line the writer never finished:\n{log}");
     let rows = rows_once_caught_up(&config, &db).await;
-    let lines: Vec<String> =
-        db.query("SELECT message FROM logs", &[]).await.expect("rows").iter().map(|row| row.get(0)).collect();
+    let lines: Vec<String> = column(&db, "SELECT message FROM logs").await;
     let partial: Vec<&String> =
         lines.iter().filter(|line| line.strip_prefix("busy line ").is_none_or(|n| n.parse::<u64>().is_err())).collect();
     assert!(partial.is_empty(), "rows that are not whole lines: {partial:?}");

@@ -38,8 +38,7 @@ async fn dead_letters(db: &tokio_postgres::Client) -> Vec<(i64, String, String)>
 
 /// The key of each stored row, in offset order, as [`keys`] spells them.
 async fn stored_keys(db: &tokio_postgres::Client) -> Vec<String> {
-    let rows = db.query("SELECT agent::text || '/' || seq FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
-    rows.iter().map(|row| row.get(0)).collect()
+    column(db, "SELECT agent::text || '/' || seq FROM logs ORDER BY kafka_offset").await
 }
 
 /// The keys of `ids` in `logs` (see `RecordKey`).
@@ -671,13 +670,8 @@ async fn replayed_dead_letters_become_one_row_each_once_the_cause_is_fixed_and_a
         if stored == keys(&["r-1", "r-2"]) { Ok(()) } else { Err(format!("{stored:?}")) }
     })
     .await;
-    let marked: Vec<(String, bool)> = db
-        .query("SELECT reason, replayed_at IS NOT NULL FROM dead_letters ORDER BY kafka_offset", &[])
-        .await
-        .expect("dead letters")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let marked: Vec<(String, bool)> =
+        pairs(&db, "SELECT reason, replayed_at IS NOT NULL FROM dead_letters ORDER BY kafka_offset").await;
     let marked: Vec<(&str, bool)> = marked.iter().map(|(reason, marked)| (reason.as_str(), *marked)).collect();
     assert_eq!(
         marked,

@@ -61,13 +61,8 @@ async fn delivers_every_record_exactly_once_byte_identical_across_a_persister_ki
 
     let expected: HashSet<String> =
         (0..CONNECTIONS).flat_map(|c| (0..PER_CONNECTION).map(move |i| line(c, i))).collect();
-    let stored: HashSet<String> = db
-        .query("SELECT coalesce(record::text, message) FROM logs", &[])
-        .await
-        .expect("payloads")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stored: HashSet<String> =
+        column(db, "SELECT coalesce(record::text, message) FROM logs").await.into_iter().collect();
     assert_eq!(stored.len(), expected.len());
     let missing: Vec<_> = expected.difference(&stored).take(3).collect();
     assert!(missing.is_empty(), "payloads missing or altered, e.g. {missing:?}");
@@ -263,9 +258,8 @@ async fn the_largest_record_is_delivered_from_the_spool_backlog_after_a_restart(
     let _agent = setup.agent().await;
     let db = setup.db().await;
     until_rows(&db, 2).await;
-    let rows =
-        db.query("SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset", &[]).await.expect("rows");
-    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let payloads: Vec<String> =
+        column(&db, "SELECT coalesce(record::text, message) FROM logs ORDER BY kafka_offset").await;
     assert_eq!(payloads, vec![String::from_utf8(big).expect("utf-8"), "small after".to_string()]);
 }
 

@@ -65,7 +65,7 @@ async fn secrets_are_masked_before_kafka_and_counted_per_rule() {
     assert!(lines.iter().all(|p| !p.contains("ann@example.com")), "{everything}");
     assert!(everything.contains("4111111111111112"), "not a card number (Luhn): kept");
 
-    let rows = pairs(
+    let rows: Vec<(String, Option<String>)> = pairs(
         db,
         "SELECT record->>'n', coalesce(record::text, message) FROM logs WHERE record->>'n' IS NOT NULL ORDER BY 1",
     )

@@ -124,8 +124,7 @@ async fn reloading_producer_settings_under_load_loses_and_duplicates_nothing() {
 
     until_rows_within(&db, sent as i64, Duration::from_secs(120)).await;
     until_nothing_left(&setup.config).await;
-    let rows = db.query("SELECT coalesce(record::text, message) FROM logs", &[]).await.expect("rows");
-    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let payloads: Vec<String> = column(&db, "SELECT coalesce(record::text, message) FROM logs").await;
     let mut numbers = numbers_in(&setup.topic, &payloads);
     numbers.sort_unstable();
     assert_eq!(numbers, (0..sent).collect::<Vec<_>>(), "every record once across three producer replacements");

@@ -160,8 +160,20 @@ pub async fn partitions_before_v3(db: &tokio_postgres::Client, days: &[chrono::N
     }
 }
 
+/// The first column of every row `sql` returns.
+pub async fn column<T>(db: &tokio_postgres::Client, sql: &str) -> Vec<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    db.query(sql, &[]).await.expect(sql).iter().map(|row| row.get(0)).collect()
+}
+
 /// The rows `sql` returns, as (first column, second column) pairs.
-pub async fn pairs(db: &tokio_postgres::Client, sql: &str) -> Vec<(String, Option<String>)> {
+pub async fn pairs<A, B>(db: &tokio_postgres::Client, sql: &str) -> Vec<(A, B)>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
     db.query(sql, &[]).await.expect(sql).iter().map(|row| (row.get(0), row.get(1))).collect()
 }
 

@@ -27,8 +27,7 @@ pub fn numbers_in(tag: &str, payloads: &[String]) -> Vec<u64> {
 
 /// The numbers of run `tag` stored in `logs`, with repeats.
 pub async fn stored_numbers(db: &tokio_postgres::Client, tag: &str) -> Vec<u64> {
-    let rows = db.query("SELECT coalesce(record::text, message) FROM logs", &[]).await.expect("payloads");
-    let payloads: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let payloads: Vec<String> = super::column(db, "SELECT coalesce(record::text, message) FROM logs").await;
     numbers_in(tag, &payloads)
 }
 
