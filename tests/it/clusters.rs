@@ -9,35 +9,48 @@ use sluice::telemetry;
 
 /// The stack's PostgreSQL and a private cluster, one persister on each.
 struct TwoClusters {
-    /// Topics `<prefix>.team-a`, `<prefix>.team-b` and the default `<prefix>.other`.
+    /// Topics `<prefix>.<topic>` of each cluster, and the default `<prefix>.other`.
     prefix: String,
-    /// Team a's persister config: the stack's PostgreSQL.
+    /// Cluster a's persister config: the stack's PostgreSQL.
     a: TestConfig,
-    /// Team b's persister config: `private`.
+    /// Cluster b's persister config: `private`.
     b: TestConfig,
     private: PrivatePostgres,
 }
 
 impl TwoClusters {
-    async fn start() -> Self {
+    /// Topics `<prefix>.team-a`, `<prefix>.team-b` and `<prefix>.other`; cluster a reads team a's,
+    /// cluster b team b's.
+    async fn by_team() -> Self {
+        Self::start("clusters", [("team-a", "team-a$"), ("team-b", "team-b$")]).await
+    }
+
+    /// For each cluster, a (topic, pattern) pair: its persister reads `^<prefix>\.<pattern>`;
+    /// the topic `<prefix>.<topic>` is created, and `<prefix>.other`.
+    async fn start(kind: &str, clusters: [(&str, &str); 2]) -> Self {
         let services = services();
-        let prefix = unique("clusters");
-        for team in ["team-a", "team-b", "other"] {
-            create_topic(&services.kafka, &format!("{prefix}.{team}"), 2).await;
+        let prefix = unique(kind);
+        for topic in clusters.iter().map(|(topic, _)| *topic).chain(["other"]) {
+            create_topic(&services.kafka, &format!("{prefix}.{topic}"), 2).await;
         }
         let private = PrivatePostgres::start().await;
-        let persister = |team: &str| {
-            let mut config = TestConfig::new(&services, &format!("{prefix}.{team}"));
-            let pattern = format!("^{}\\.{team}$", prefix.replace('.', "\\."));
-            config.set("persist", "topics", toml::Value::Array(vec![pattern.into()]));
-            config
-        };
-        let a = persister("team-a");
-        let mut b = persister("team-b");
-        b.set("postgres", "url", private.url());
-        // The private cluster speaks no TLS.
-        b.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
+        let a = Self::persister(&prefix, clusters[0], None);
+        let b = Self::persister(&prefix, clusters[1], Some(&private.url()));
         Self { prefix, a, b, private }
+    }
+
+    /// A persister config reading `^<prefix>\.<pattern>` into the database at `url` (the
+    /// stack's when `None`).
+    fn persister(prefix: &str, (topic, pattern): (&str, &str), url: Option<&str>) -> TestConfig {
+        let mut config = TestConfig::new(&services(), &format!("{prefix}.{topic}"));
+        let pattern = format!("^{}\\.{pattern}", prefix.replace('.', "\\."));
+        config.set("persist", "topics", toml::Value::Array(vec![pattern.into()]));
+        if let Some(url) = url {
+            config.set("postgres", "url", url);
+            // A private cluster speaks no TLS.
+            config.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
+        }
+        config
     }
 
     /// An agent of `namespace`, routing by `{pod.namespace}`.
@@ -54,12 +67,17 @@ impl TwoClusters {
     }
 
     async fn db_b(&self) -> tokio_postgres::Client {
-        let mut config: tokio_postgres::Config = self.private.url().parse().expect("a URL");
-        config.options(format!("-c search_path={}", self.b.schema()));
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to the private cluster");
-        tokio::spawn(connection);
-        client
+        connect_to_schema(&self.private.url(), &self.b.schema()).await
     }
+}
+
+/// A session on the server at `url` with `search_path` set to `schema`.
+async fn connect_to_schema(url: &str, schema: &str) -> tokio_postgres::Client {
+    let mut config: tokio_postgres::Config = url.parse().expect("a URL");
+    config.options(format!("-c search_path={schema}"));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
 }
 
 fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
@@ -71,7 +89,7 @@ fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
 /// is back, every record is stored once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_namespace_lands_in_its_own_cluster_once_and_a_stopped_cluster_holds_up_only_its_own() {
-    let clusters = TwoClusters::start().await;
+    let clusters = TwoClusters::by_team().await;
     let _persister_a = start_persister(&clusters.a).await;
     let _persister_b = start_persister(&clusters.b).await;
     let (agent_a, _a) = clusters.agent("team-a").await;
@@ -116,22 +134,10 @@ async fn each_namespace_lands_in_its_own_cluster_once_and_a_stopped_cluster_hold
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_nothing() {
     let services = services();
-    let prefix = unique("cutover");
-    for topic in ["a.team-x", "b.team-x", "other"] {
-        create_topic(&services.kafka, &format!("{prefix}.{topic}"), 2).await;
-    }
-    let private = PrivatePostgres::start().await;
-    let persister = |cluster: &str| {
-        let mut config = TestConfig::new(&services, &format!("{prefix}.{cluster}.team-x"));
-        config.set("persist", "topics", toml::Value::Array(vec![format!("^{prefix}\\.{cluster}\\..*").into()]));
-        config
-    };
-    let a = persister("a");
-    let mut b = persister("b");
-    b.set("postgres", "url", private.url());
-    b.table["postgres"].as_table_mut().expect("postgres").remove("ca_file");
-    let _persister_a = start_persister(&a).await;
-    let _persister_b = start_persister(&b).await;
+    let clusters = TwoClusters::start("cutover", [("a.team-x", "a\\..*"), ("b.team-x", "b\\..*")]).await;
+    let prefix = &clusters.prefix;
+    let _persister_a = start_persister(&clusters.a).await;
+    let _persister_b = start_persister(&clusters.b).await;
 
     let mut agent_config = TestConfig::new(&services, &format!("{prefix}.other"));
     let route = |cluster: &str| format!("{prefix}.{cluster}.{{pod.namespace}}");
@@ -166,11 +172,8 @@ async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_n
     sender.await.expect("the sender");
     send_lines(&socket, &numbered_lines("x", 400..410)).await;
 
-    let db_a = pg(&services, &a.schema()).await;
-    let mut config: tokio_postgres::Config = private.url().parse().expect("a URL");
-    config.options(format!("-c search_path={}", b.schema()));
-    let (db_b, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to cluster b");
-    tokio::spawn(connection);
+    let db_a = pg(&services, &clusters.a.schema()).await;
+    let db_b = clusters.db_b().await;
     until("every record in one cluster or the other", || async {
         let stored = row_count(&db_a).await + row_count(&db_b).await;
         if stored >= 410 { Ok(()) } else { Err(format!("{stored} rows")) }
@@ -200,7 +203,7 @@ fn server_of(url: &str) -> (String, String) {
 /// filter on it is pushed down to each cluster, and the clusters are scanned at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed_down() {
-    let clusters = TwoClusters::start().await;
+    let clusters = TwoClusters::by_team().await;
     let _persister_a = start_persister(&clusters.a).await;
     let _persister_b = start_persister(&clusters.b).await;
     let (agent_a, _a) = clusters.agent("team-a").await;
@@ -241,13 +244,7 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
         .map(|row| (row.get(0), row.get(1)))
         .collect();
     assert_eq!(by_cluster, [("team_a".to_string(), 100), ("team_b".to_string(), 100)]);
-    let payloads: Vec<String> = reader
-        .query("SELECT coalesce(record::text, message) FROM sluice_reader.logs", &[])
-        .await
-        .expect("payloads")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let payloads: Vec<String> = column(&reader, "SELECT coalesce(record::text, message) FROM sluice_reader.logs").await;
     assert_each_once(&numbers_in("a", &payloads), 0..100);
     assert_each_once(&numbers_in("b", &payloads), 0..100);
 
@@ -277,4 +274,103 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     );
     drop(reader);
     admin.batch_execute(&format!("DROP DATABASE {reader_db} WITH (FORCE)")).await.expect("drop the reader");
+}
+
+/// Sends `numbers` of run `tag` in batches of ten, one batch every 20 ms: records keep coming
+/// while a test breaks something.
+fn trickle(
+    socket: std::path::PathBuf,
+    tag: &'static str,
+    numbers: std::ops::Range<u64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut start = numbers.start;
+        while start < numbers.end {
+            let end = (start + 10).min(numbers.end);
+            send_lines(&socket, &numbered_lines(tag, start..end)).await;
+            start = end;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// Issue 34: one cluster's persister SIGKILLed while records flow to both clusters. Its
+/// uncommitted batch is written again by the persister that replaces it (the same group), with no
+/// second row; the other cluster's persister never notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the_other_untouched() {
+    let clusters = TwoClusters::by_team().await;
+    let _persister_a = start_persister(&clusters.a).await;
+    let mut persister_b = start_persister(&clusters.b).await;
+    let (agent_a, _a) = clusters.agent("team-a").await;
+    let (agent_b, _b) = clusters.agent("team-b").await;
+    let db_a = pg(&services(), &clusters.a.schema()).await;
+    let db_b = clusters.db_b().await;
+
+    let sending_a = trickle(agent_a.socket(), "a", 0..600);
+    let sending_b = trickle(agent_b.socket(), "b", 0..600);
+    until_rows(&db_b, 100).await;
+    persister_b.kill();
+    let rows_at_kill = (row_count(&db_a).await, row_count(&db_b).await);
+    // Team a's rows keep arriving while team b's cluster has no persister.
+    until("team a's rows to keep flowing", || async {
+        let rows = row_count(&db_a).await;
+        if rows > rows_at_kill.0 + 50 { Ok(()) } else { Err(format!("{rows} rows, {} at the kill", rows_at_kill.0)) }
+    })
+    .await;
+    let _replacement = start_persister(&clusters.b).await;
+    sending_a.await.expect("team a's sender");
+    sending_b.await.expect("team b's sender");
+
+    until_rows(&db_a, 600).await;
+    until_rows(&db_b, 600).await;
+    until_caught_up(&clusters.b).await;
+    assert_each_once(&stored_numbers(&db_a, "a").await, 0..600);
+    assert_each_once(&stored_numbers(&db_b, "b").await, 0..600);
+    assert!(stored_numbers(&db_a, "b").await.is_empty() && stored_numbers(&db_b, "a").await.is_empty());
+    assert!(rows_at_kill.1 < 600, "the kill came while team b's records were still arriving");
+}
+
+/// Issue 34: failover within a cluster is PostgreSQL's business; the persister only has to follow
+/// it. Its URL names the primary and a synchronous streaming standby with
+/// `target_session_attrs=read-write` (libpq's multi-host form). The primary crashes under load
+/// and the standby is promoted, as Patroni or pg_auto_failover would: the persister reconnects
+/// to the new primary, writes again what was not acknowledged, and every record is stored there
+/// exactly once (docs/SCALING.md, "Failover within a cluster").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persister_follows_a_promoted_standby_and_stores_every_record_once() {
+    let services = services();
+    let primary = PrivatePostgres::start().await;
+    let standby = PrivatePostgres::standby_of(&primary).await;
+    let prefix = unique("failover");
+    create_topic(&services.kafka, &format!("{prefix}.logs"), 2).await;
+    let both = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/sluice?target_session_attrs=read-write",
+        primary.port, standby.port
+    );
+    let mut persister = TwoClusters::persister(&prefix, ("logs", "logs$"), Some(&both));
+    // Quick retries, so the switch shows in seconds.
+    persister.set("postgres", "connect_timeout", "2s");
+    let _persister = start_persister(&persister).await;
+    let agent = TestConfig::new(&services, &format!("{prefix}.logs"));
+    let _agent = start_agent(&agent).await;
+
+    let sending = trickle(agent.socket(), "f", 0..600);
+    let db = connect_to_schema(&primary.url(), &persister.schema()).await;
+    until_rows(&db, 100).await;
+    let rows_at_crash = row_count(&db).await;
+    primary.crash();
+    standby.promote();
+    sending.await.expect("the sender");
+
+    let db = connect_to_schema(&standby.url(), &persister.schema()).await;
+    until_rows(&db, 600).await;
+    until_caught_up(&persister).await;
+    assert_each_once(&stored_numbers(&db, "f").await, 0..600);
+    assert!(rows_at_crash < 600, "the primary crashed while records were still arriving");
+    let metrics = scrape(persister.persist_admin()).await;
+    let stored = metrics.count(telemetry::PERSIST_ROWS, &[]) + metrics.count(telemetry::PERSIST_DUPLICATES, &[]);
+    assert!(stored >= 600.0, "every record counted as written or found stored: {}", nonzero(&metrics));
+    assert_eq!(metrics.count(telemetry::PERSIST_LOST, &[]), 0.0, "{}", nonzero(&metrics));
+    assert_eq!(metrics.count(telemetry::PERSIST_POSTGRES_REACHABLE, &[]), 1.0, "{}", nonzero(&metrics));
 }

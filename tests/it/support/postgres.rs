@@ -1,6 +1,7 @@
 //! A PostgreSQL server of a test's own (the stack's binaries, a temp data directory, a free
 //! loopback port), so the soak can stop it with `pg_ctl stop -m immediate` — a crash — without
-//! disturbing the tests that share the stack's server.
+//! disturbing the tests that share the stack's server; and a streaming-replication standby of
+//! one, which a test can promote (a primary switch, as Patroni or pg_auto_failover make one).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,6 +42,16 @@ fn as_postgres(program: &Path) -> Command {
     command
 }
 
+/// A temp directory the server's user owns (as root: the `postgres` user).
+fn owned_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("sluice-pg").tempdir().expect("tempdir");
+    if running_as_root() {
+        let status = Command::new("chown").args(["-R", "postgres:"]).arg(dir.path()).status().expect("chown");
+        assert!(status.success(), "chown the postgres directory");
+    }
+    dir
+}
+
 fn running_as_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.starts_with(b"0\n"))
 }
@@ -49,12 +60,8 @@ impl PrivatePostgres {
     /// Creates a cluster (`track_commit_timestamp` on, so a row's commit time can be read) and
     /// starts it with database `sluice`.
     pub async fn start() -> Self {
-        let dir = tempfile::Builder::new().prefix("sluice-pg").tempdir().expect("tempdir");
-        if running_as_root() {
-            let status = Command::new("chown").args(["-R", "postgres:"]).arg(dir.path()).status().expect("chown");
-            assert!(status.success(), "chown the postgres directory");
-        }
-        let (bin, data, log) = (bin(), dir.path().join("data"), dir.path().join("postgres.log"));
+        let (dir, bin) = (owned_tempdir(), bin());
+        let (data, log) = (dir.path().join("data"), dir.path().join("postgres.log"));
         let output = as_postgres(&bin.join("initdb"))
             .arg("-D")
             .arg(&data)
@@ -64,11 +71,60 @@ impl PrivatePostgres {
         assert!(output.status.success(), "initdb: {}", String::from_utf8_lossy(&output.stderr));
         let server = Self { port: free_port(), bin, data, log, dir };
         server.resume().await;
-        let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port);
-        let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("connect");
-        tokio::spawn(connection);
-        client.batch_execute("CREATE DATABASE sluice").await.expect("create database");
+        server.admin().await.batch_execute("CREATE DATABASE sluice").await.expect("create database");
         server
+    }
+
+    /// A hot standby of `primary` (`pg_basebackup -R`: streaming replication), started, and made
+    /// the primary's synchronous standby: from here on a commit the primary acknowledges is on
+    /// the standby too, so promoting it loses no acknowledged write.
+    pub async fn standby_of(primary: &PrivatePostgres) -> Self {
+        let (dir, bin) = (owned_tempdir(), bin());
+        let (data, log) = (dir.path().join("data"), dir.path().join("postgres.log"));
+        let output = as_postgres(&bin.join("pg_basebackup"))
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string(), "-U", "postgres", "-D"])
+            .arg(&data)
+            .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"])
+            .output()
+            .expect("pg_basebackup");
+        assert!(output.status.success(), "pg_basebackup: {}", String::from_utf8_lossy(&output.stderr));
+        let standby = Self { port: free_port(), bin, data, log, dir };
+        standby.resume().await;
+        let admin = primary.admin().await;
+        // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
+        admin.batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'").await.expect("make the standby synchronous");
+        admin.batch_execute("SELECT pg_reload_conf()").await.expect("reload");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while admin
+            .query("SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'", &[])
+            .await
+            .expect("pg_stat_replication")
+            .is_empty()
+        {
+            assert!(Instant::now() < deadline, "the standby never became synchronous; log:\n{}", standby.log_tail());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        standby
+    }
+
+    /// `pg_ctl promote`: the standby leaves recovery and takes writes.
+    pub fn promote(&self) {
+        let output = as_postgres(&self.bin.join("pg_ctl"))
+            .arg("promote")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-t", "60"])
+            .output()
+            .expect("pg_ctl promote");
+        assert!(output.status.success(), "pg_ctl promote: {}\n{}", String::from_utf8_lossy(&output.stderr), self.log_tail());
+    }
+
+    /// A session in database `postgres`.
+    async fn admin(&self) -> tokio_postgres::Client {
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        client
     }
 
     /// The URL of database `sluice`.
