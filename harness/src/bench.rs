@@ -10,6 +10,7 @@
 //! Latencies are kept as one `u32` of nanoseconds per record and sorted at the end (exact
 //! percentiles; 4 bytes a record is nothing next to the records themselves).
 
+pub mod capacity;
 pub mod connections;
 pub mod host;
 pub mod kafka;

@@ -1,5 +1,6 @@
 //! What the benchmark reads about processes and the machine: CPU time and memory of a pid from
-//! `/proc`, the clock tick, wall-clock time, the machine's one-line description.
+//! `/proc` (and of a PostgreSQL server: its postmaster and every child), the machine's busy
+//! CPU time, the clock tick, wall-clock time, the machine's one-line description.
 //!
 //! Owns: those readings. Must not: change anything (no signals, no files written).
 
@@ -10,12 +11,56 @@ pub fn now() -> f64 {
 
 /// User + system CPU time of `pid`, in clock ticks (`/proc/PID/stat` fields 14 and 15).
 pub fn cpu_ticks(pid: i32) -> u64 {
+    let fields = stat_fields(pid);
+    field(&fields, 14) + field(&fields, 15)
+}
+
+/// Field `n` of `/proc/PID/stat` (numbered as `proc(5)` does) among [`stat_fields`]' (0 if absent).
+fn field(fields: &[u64], n: usize) -> u64 {
+    fields.get(n - 3).copied().unwrap_or(0)
+}
+
+/// The fields of `/proc/PID/stat` after the command name (field 3 first; empty when the process
+/// is gone). The command name (field 2) is in parentheses and may hold spaces: counted from after it.
+fn stat_fields(pid: i32) -> Vec<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| fields.get(n - 3).and_then(|value| value.parse::<u64>().ok()).unwrap_or(0);
-    field(14) + field(15)
+    // Field 3 (the state) is a letter: 0 here, which nobody reads.
+    rest.split_whitespace().map(|value| value.parse::<u64>().unwrap_or(0)).collect()
+}
+
+/// The parent of `pid` (`/proc/PID/stat` field 4); `None` when `pid` is not visible here.
+pub fn parent_pid(pid: i32) -> Option<i32> {
+    i32::try_from(field(&stat_fields(pid), 4)).ok().filter(|parent| *parent > 0)
+}
+
+/// CPU clock ticks of a PostgreSQL server whose postmaster is `postmaster`: its own user +
+/// system time, its children's that are running (backends, background workers: fields 14 and
+/// 15 of each), and what the children it has reaped used (fields 16 and 17). A backend that
+/// ends between two readings moves from the second sum to the third, so a difference of two
+/// readings is the server's CPU between them. Another client's backends count too.
+pub fn postmaster_cpu_ticks(postmaster: i32) -> u64 {
+    let own = stat_fields(postmaster);
+    let mut ticks = field(&own, 14) + field(&own, 15) + field(&own, 16) + field(&own, 17);
+    let Ok(processes) = std::fs::read_dir("/proc") else { return ticks };
+    for entry in processes.filter_map(Result::ok) {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
+        let fields = stat_fields(pid);
+        if field(&fields, 4) == u64::try_from(postmaster).unwrap_or(0) {
+            ticks += field(&fields, 14) + field(&fields, 15);
+        }
+    }
+    ticks
+}
+
+/// Clock ticks the machine's CPUs spent busy (everything in `/proc/stat`'s `cpu` line but idle
+/// and iowait): with [`clock_ticks`], how many cores were in use over a span, whoever used them.
+pub fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|line| line.starts_with("cpu ")) else { return 0 };
+    // user nice system idle iowait irq softirq steal (guest time is inside user and nice).
+    let values: Vec<u64> = line.split_whitespace().skip(1).take(8).map(|value| value.parse().unwrap_or(0)).collect();
+    values.iter().sum::<u64>() - values.get(3).copied().unwrap_or(0) - values.get(4).copied().unwrap_or(0)
 }
 
 /// A `Vm…` line of `/proc/PID/status`, in KiB (0 when the process is gone).
@@ -54,13 +99,23 @@ pub fn clock_ticks() -> u64 {
 
 /// "2 cores, 24 GiB, Linux 6.1.0": `nproc`, MemTotal, `uname -sr`.
 pub fn machine() -> String {
+    format!("{} cores, {:.0} GiB, {}", cores(), memory_gib(), output("uname", &["-sr"]))
+}
+
+/// The cores this process may run on (`nproc`; 0 if it does not answer).
+pub fn cores() -> u64 {
+    output("nproc", &[]).parse().unwrap_or(0)
+}
+
+/// The machine's memory (`MemTotal`), GiB.
+pub fn memory_gib() -> f64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let total_kib: f64 = meminfo
         .lines()
         .find_map(|line| line.strip_prefix("MemTotal:"))
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
-    format!("{} cores, {:.0} GiB, {}", output("nproc", &[]), total_kib / 1_048_576.0, output("uname", &["-sr"]))
+    total_kib / 1_048_576.0
 }
 
 /// The first line of `rsyslogd -v`, second word: its version.
@@ -82,5 +137,19 @@ mod tests {
         let _ = cpu_ticks(pid);
         assert_eq!(rss_kib(i32::MAX), 0, "a pid that does not exist reads 0");
         assert!(machine().contains(" cores, "));
+        assert!(cores() > 0 && memory_gib() > 0.0);
+    }
+
+    #[test]
+    fn a_parent_counts_the_cpu_of_its_children_alive_and_reaped() {
+        let pid = std::process::id() as i32;
+        assert_eq!(parent_pid(i32::MAX), None, "a pid that does not exist has no parent");
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep runs");
+        let child_pid = i32::try_from(child.id()).expect("a pid fits");
+        assert_eq!(parent_pid(child_pid), Some(pid));
+        assert!(postmaster_cpu_ticks(pid) >= cpu_ticks(pid), "its own time is counted");
+        child.kill().expect("kill the child");
+        child.wait().expect("reap the child");
+        assert!(machine_busy_ticks() > 0);
     }
 }

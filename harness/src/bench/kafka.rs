@@ -1,9 +1,10 @@
 //! The benchmark's Kafka side: the shipping ceiling (a raw librdkafka producer with the agent's
 //! settings), the Kafka Connect peer's input (the same records in the form its JDBC sink reads),
-//! making sure a topic exists before a timed run, counting what a topic holds and deleting one.
+//! making sure a topic exists before a timed run, creating one with a given partition count,
+//! counting what a topic holds and deleting one.
 //!
-//! Owns: those six calls, all but the deletion blocking (librdkafka's base clients; callers
-//! run them off the async runtime). Must not: produce anything but the ceiling's envelopes and the peer's rows.
+//! Owns: those seven calls, all but the creation and the deletion blocking (librdkafka's base
+//! clients; callers run them off the async runtime). Must not: produce anything but the ceiling's envelopes and the peer's rows.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -205,7 +206,21 @@ pub fn ensure_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
     }
 }
 
-/// Deletes `topic` (the Kafka Connect peer's input, ~1 KB a record). The one async call here.
+/// Creates `topic` with `partitions` partitions (one replica: the stack has one broker), for a
+/// run that needs a partition count other than the broker's default. Async, like the deletion.
+pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), BenchError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin.create_topics(&[new], &options).await? {
+        result.map_err(|(_, code)| rdkafka::error::KafkaError::AdminOp(code))?;
+    }
+    Ok(())
+}
+
+/// Deletes `topic` (the Kafka Connect peer's input, ~1 KB a record; the capacity run's topics).
 pub async fn delete_topic(brokers: &str, topic: &str) -> Result<(), BenchError> {
     use rdkafka::admin::{AdminClient, AdminOptions};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> =

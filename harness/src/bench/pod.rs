@@ -131,11 +131,17 @@ async fn phase(pid: i32, socket: &Path, rate: u64, seconds: u64) -> Result<Phase
 /// Measures the phases: idle first (a fresh agent, `warm_up` after it became ready), then 1k
 /// and 10k records/s.
 pub async fn measure(services: &Services, seconds: u64, warm_up: Duration) -> Result<Vec<Phase>, RunError> {
-    let config = super::agent_config(
-        TestConfig::empty("sluice-bench."),
-        &services.kafka,
-        &format!("bench-pod-{}", now() as u64),
-    );
+    measure_on(services, &format!("bench-pod-{}", now() as u64), seconds, warm_up).await
+}
+
+/// [`measure`], the agent shipping to `topic` (a caller that deletes its topics names it).
+pub async fn measure_on(
+    services: &Services,
+    topic: &str,
+    seconds: u64,
+    warm_up: Duration,
+) -> Result<Vec<Phase>, RunError> {
+    let config = super::agent_config(TestConfig::empty("sluice-bench."), &services.kafka, topic);
     let mut agent = crate::start_agent(&config).await;
     tokio::time::sleep(warm_up).await;
     let mut phases = Vec::new();

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::LoadResult;
 use super::kafka::ProducerResult;
 use super::pod::Phase;
+use super::run::CopyCeiling;
 use super::targets::{Target, targets};
 
 /// Ingest → Kafka-ack (or socket → row) latency from a histogram: for p50, p99 and p99.9 the
@@ -211,6 +212,9 @@ pub struct Persist {
     pub relation_bytes: u64,
     /// `relation_bytes` per row.
     pub bytes_per_row: f64,
+    /// PostgreSQL's own `COPY` of the rows the persister stored (the max-rate topic's drain only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_copy_ceiling: Option<CopyCeiling>,
 }
 
 /// The persister's peer: Kafka Connect standalone with a JDBC sink storing the same records.
@@ -305,6 +309,8 @@ pub struct Ratios {
     pub cpu_per_record_to_rsyslog: f64,
     /// The persister's rows/s over Kafka Connect's (none when the peer did not run).
     pub persister_to_kafka_connect: Option<f64>,
+    /// The persister's rows/s over PostgreSQL's own `COPY` of the same rows, two sessions.
+    pub persister_to_copy_ceiling: Option<f64>,
 }
 
 /// Every scenario's figures, as the run measured them.
@@ -374,6 +380,11 @@ impl Results {
                 KafkaConnectRun::Measured(peer) => Some(x.persist.rows_per_second / peer.rows_per_second),
                 KafkaConnectRun::NotMeasured(_) => None,
             },
+            persister_to_copy_ceiling: x
+                .persist
+                .postgres_copy_ceiling
+                .as_ref()
+                .map(|ceiling| x.persist.rows_per_second / ceiling.two_sessions.rows_per_second),
         };
         let targets = targets(&scenarios, &ratios);
         Self { when, machine, command, records, size, connections, scenarios, ratios, targets }

@@ -18,7 +18,9 @@
 //!    and drain, RSS, sampled every 0.5 s. (Stops the stack's broker: not while tests use it.)
 //! 6. The persister drains the max-rate topic into a fresh PostgreSQL schema; rows/s from its
 //!    first row to its last, its CPU and RSS; rows counted in PostgreSQL; the bytes a row takes
-//!    (heap, TOAST, indexes). Then its peer: Kafka Connect standalone with Debezium's JDBC sink
+//!    (heap, TOAST, indexes); then PostgreSQL's own `COPY` of the rows it stored (the same rows
+//!    from COPY binary files into a fresh schema, two sessions: `run/copy_ceiling.rs`), the
+//!    persister's rate over it. Then its peer: Kafka Connect standalone with Debezium's JDBC sink
 //!    stores the same records (as JsonConverter rows on a topic of its own;
 //!    `run/kafka_connect.rs`); rows/s side by side. Then the persister on the sample shape's topic.
 //! 7. PostgreSQL stalled: agent + persister at RATE records/s; AROUND seconds in, every insert
@@ -51,8 +53,12 @@ use std::time::Duration;
 use sluice::telemetry;
 use sluice::telemetry::scrape::Scrape;
 
+mod capacity;
+mod copy_ceiling;
 mod kafka_connect;
 mod scenarios;
+
+pub use copy_ceiling::{CopyCeiling, CopyLoad};
 
 use super::host::{clock_ticks, machine, now};
 use super::kafka;
@@ -123,8 +129,11 @@ pub struct Settings {
     pub around: u64,
     /// The arguments as given, for `results.json`'s `command`.
     pub args: Vec<String>,
-    /// Results into `bench/results/<time>/` (a full run); else into the temp dir, gone after.
+    /// Results into `bench/results/<prefix><time>/` (a full run); else into the temp dir, gone after.
     pub keep_results: bool,
+    /// The results folder's name before its time: empty for `scripts/bench`, `capacity-` for
+    /// `scripts/bench-capacity`.
+    pub results_prefix: &'static str,
 }
 
 impl Settings {
@@ -143,7 +152,14 @@ impl Settings {
             around: if smoke { 2 } else { 10 },
             args,
             keep_results: !smoke,
+            results_prefix: "",
         }
+    }
+
+    /// These settings with results in `bench/results/<prefix><time>/` (when kept).
+    pub fn results_prefix(mut self, prefix: &'static str) -> Self {
+        self.results_prefix = prefix;
+        self
     }
 
     /// These settings with results in the temp dir (a partial run: `sluice-bench max-rate`).
@@ -303,6 +319,33 @@ impl<T: Send + 'static> Sampler<T> {
     }
 }
 
+/// A plain connection to PostgreSQL at `url` (the stack offers TLS, and does not require it),
+/// with `search_path` set to `schema` if given (as the persister's connections are).
+async fn connect(url: &str, schema: Option<&str>) -> Result<tokio_postgres::Client, RunError> {
+    let mut config = url.parse::<tokio_postgres::Config>()?;
+    if let Some(schema) = schema {
+        config.options(format!("-c search_path={schema}"));
+    }
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// `persist.writers` as the persister at `admin` shows it in `/config` (2, its default, if it
+/// does not say).
+async fn writers(admin: SocketAddr) -> Result<u64, RunError> {
+    let shown = sluice::admin::client::get(admin, "/config", SCRAPE_TIMEOUT)
+        .await
+        .map_err(io("reading the persister's /config"))?;
+    Ok(shown
+        .body
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|table| table.get("persist")?.get("writers")?.as_integer())
+        .and_then(|writers| u64::try_from(writers).ok())
+        .unwrap_or(2))
+}
+
 /// `scripts/stack kafka-stop` / `kafka-start` (the stack's broker, by its pid file).
 pub(super) fn stack(root: &Path, command: &str) -> Result<(), RunError> {
     let status = std::process::Command::new(root.join("scripts/stack"))
@@ -333,6 +376,10 @@ pub struct Bench {
     db: tokio_postgres::Client,
     /// Schemas made by this run: dropped at the end, whatever happened.
     schemas: Arc<Mutex<Vec<String>>>,
+    /// Schemas made in another PostgreSQL cluster (its URL, the schema): dropped likewise.
+    other_schemas: Arc<Mutex<Vec<(String, String)>>>,
+    /// Topics made by a run that deletes its own (`capacity`): deleted likewise.
+    topics: Arc<Mutex<Vec<String>>>,
 }
 
 impl Bench {
@@ -340,11 +387,13 @@ impl Bench {
     pub async fn new(settings: Settings, root: &Path, services: Services) -> Result<Self, RunError> {
         let stamp = chrono::Utc::now().format("%Y-%m-%dT%H-%M-%SZ").to_string();
         let work = tempfile::Builder::new().prefix("sluice-bench.").tempdir().map_err(io("making the work dir"))?;
-        let out =
-            if !settings.keep_results { work.path().join("results") } else { root.join("bench/results").join(&stamp) };
+        let out = if !settings.keep_results {
+            work.path().join("results")
+        } else {
+            root.join("bench/results").join(format!("{}{stamp}", settings.results_prefix))
+        };
         std::fs::create_dir_all(&out).map_err(io(format!("making {}", out.display())))?;
-        let (db, connection) = services.pg.parse::<tokio_postgres::Config>()?.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
+        let db = connect(&services.pg, None).await?;
         Ok(Self {
             settings,
             root: root.to_path_buf(),
@@ -355,6 +404,8 @@ impl Bench {
             ticks: clock_ticks(),
             db,
             schemas: Arc::default(),
+            other_schemas: Arc::default(),
+            topics: Arc::default(),
         })
     }
 
@@ -440,11 +491,41 @@ impl Bench {
         schema
     }
 
-    /// Drops the run's schemas (also after a failure).
+    /// A fresh schema name in the cluster at `url` (not the stack's first), dropped at the end.
+    fn new_schema_in(&self, url: &str) -> String {
+        let schema = format!("bench_{}_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"), random());
+        self.other_schemas.lock().expect("schemas").push((url.to_string(), schema.clone()));
+        schema
+    }
+
+    /// A topic of this run's, deleted at the end.
+    fn own_topic(&self, topic: &str) {
+        self.topics.lock().expect("topics").push(topic.to_string());
+    }
+
+    /// Drops the run's schemas and deletes the topics it said were its own (also after a failure).
     pub async fn cleanup(&self) {
         let schemas = std::mem::take(&mut *self.schemas.lock().expect("schemas"));
         for schema in schemas {
             let _ = self.db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await;
+        }
+        let others = std::mem::take(&mut *self.other_schemas.lock().expect("schemas"));
+        for (url, schema) in others {
+            let dropped = match connect(&url, None).await {
+                Ok(db) => {
+                    db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.map_err(RunError::from)
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = dropped {
+                log(&format!("could not drop {schema} at {url}: {error}"));
+            }
+        }
+        let topics = std::mem::take(&mut *self.topics.lock().expect("topics"));
+        for topic in topics {
+            if let Err(error) = kafka::delete_topic(&self.services.kafka, &topic).await {
+                log(&format!("could not delete {topic}: {error}"));
+            }
         }
     }
 
@@ -604,8 +685,9 @@ impl Bench {
         self.write_json("rsyslog.json", &rsyslog)?;
         let outage = self.outage(&padded).await?;
         self.write_json("outage.json", &outage)?;
-        let persist =
-            self.persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0, false).await?;
+        let persist = self
+            .persist(&steady_topic, s.records, &format!("{} B", s.size), s.size as f64 - 1.0, (false, true))
+            .await?;
         self.write_json("persist.json", &persist)?;
         // A failed peer fails a smoke run (the harness must not rot) but not a full one, whose
         // other figures stand: its target then says why it has none.
@@ -618,7 +700,7 @@ impl Bench {
         };
         self.write_json("kafka_connect.json", &kafka_connect)?;
         let (sample_topic, sample_bytes) = sample_topic.ok_or_else(|| failed("the sample shape did not run"))?;
-        let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes, false).await?;
+        let persist_sample = self.persist(&sample_topic, shape_records, "sample", sample_bytes, (false, false)).await?;
         self.write_json("persist_sample.json", &persist_sample)?;
         let pg_stall = self.pg_stall(&padded).await?;
         self.write_json("pg_stall.json", &pg_stall)?;

@@ -11,17 +11,17 @@ use super::report::{KafkaConnectRun, Results};
 use super::targets::{Goal, Target, Unit};
 
 /// Rounded to one decimal (and printed without a trailing `.0`).
-fn r(value: f64) -> String {
+pub(super) fn r(value: f64) -> String {
     format!("{}", (value * 10.0).round() / 10.0)
 }
 
 /// Thousands, one decimal: `12.3k`.
-fn k(value: f64) -> String {
+pub(super) fn k(value: f64) -> String {
     format!("{}k", r(value / 1000.0))
 }
 
 /// Rounded to `places` decimals.
-fn round_to(value: f64, places: i32) -> String {
+pub(super) fn round_to(value: f64, places: i32) -> String {
     let scale = 10f64.powi(places);
     format!("{}", (value * scale).round() / scale)
 }
@@ -52,7 +52,11 @@ fn figure(value: f64, unit: Unit) -> String {
 fn targets(line: &mut impl FnMut(String), targets: &[Target]) {
     let met = targets.iter().filter(|target| target.met == Some(true)).count();
     let measured = targets.iter().filter(|target| target.met.is_some()).count();
-    line(format!("## Targets (issue 15): {met} of {} met, {} not measured\n", targets.len(), targets.len() - measured));
+    line(format!(
+        "## Targets (issues 15 and 34): {met} of {} met, {} not measured\n",
+        targets.len(),
+        targets.len() - measured
+    ));
     line("| target | figure | limit | figure / limit | verdict | from |".into());
     line("| --- | --- | --- | --- | --- | --- |".into());
     for target in targets {
@@ -160,6 +164,13 @@ pub fn summary(results: &Results) -> String {
         latency(&stall.load)
     ));
     line(format!("| persister, draining the max-rate topic (rows committed) | {} | | |", k(x.persist.rows_per_second)));
+    if let Some(ceiling) = &x.persist.postgres_copy_ceiling {
+        line(format!(
+            "| PostgreSQL's own COPY of the same rows (binary files, {} sessions) | {} | | |",
+            ceiling.two_sessions.sessions,
+            k(ceiling.two_sessions.rows_per_second)
+        ));
+    }
     if let KafkaConnectRun::Measured(peer) = &x.kafka_connect {
         line(format!(
             "| Kafka Connect + JDBC sink, the same records (rows committed) | {} | | |",
@@ -220,8 +231,19 @@ pub fn summary(results: &Results) -> String {
         shapes.join("; ")
     ));
     let persist = &x.persist;
+    let ceiling = match (&persist.postgres_copy_ceiling, results.ratios.persister_to_copy_ceiling) {
+        (Some(ceiling), Some(ratio)) => format!(
+            " Persister / PostgreSQL's COPY of the same rows: {}× ({:.0} against {:.0} rows/s: the rows it stored, loaded from COPY binary files into a fresh schema by {} sessions in {} s).",
+            round_to(ratio, 2),
+            persist.rows_per_second,
+            ceiling.two_sessions.rows_per_second,
+            ceiling.two_sessions.sessions,
+            r(ceiling.two_sessions.seconds)
+        ),
+        _ => String::new(),
+    };
     line(format!(
-        "- Persister ({} writers): {} rows/s into PostgreSQL ({} rows in {} s), {} persister cores per 10k rows/s, peak RSS {} MiB.",
+        "- Persister ({} writers): {} rows/s into PostgreSQL ({} rows in {} s), {} persister cores per 10k rows/s, peak RSS {} MiB.{ceiling}",
         persist.writers,
         k(persist.rows_per_second),
         persist.rows_in_postgres,

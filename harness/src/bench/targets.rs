@@ -1,5 +1,6 @@
-//! Issue 15's targets: each figure of a run next to its limit, or to its peer measured in the
-//! same run, and whether it is met — or by how much it is missed.
+//! Issue 15's targets (and issue 34's: the persister beside PostgreSQL's own `COPY` of the same
+//! rows): each figure of a run next to its limit, or to its peer measured in the same run, and
+//! whether it is met — or by how much it is missed.
 //!
 //! Owns: the list of targets, their limits and which way is better. Must not: measure anything
 //! (every figure comes from the run's scenarios) or round (the summary does).
@@ -159,6 +160,20 @@ pub fn targets(x: &Scenarios, ratios: &Ratios) -> Vec<Target> {
                     x.persist.rows_per_second, peer.rows_per_second, peer.version, peer.tasks
                 ),
                 KafkaConnectRun::NotMeasured(why) => format!("not measured: {why}"),
+            },
+        ),
+        Target::new(
+            "persister / PostgreSQL's COPY of the same rows (rows/s)",
+            ratios.persister_to_copy_ceiling,
+            AtLeast,
+            0.8,
+            Unit::Ratio,
+            match &x.persist.postgres_copy_ceiling {
+                Some(ceiling) => format!(
+                    "{:.0} against {:.0} rows/s (COPY binary files, {} sessions, a fresh schema)",
+                    x.persist.rows_per_second, ceiling.two_sessions.rows_per_second, ceiling.two_sessions.sessions
+                ),
+                None => "not measured".into(),
             },
         ),
     ];

@@ -1,5 +1,6 @@
-//! `sluice-bench`: the benchmark tool behind `scripts/bench`, `scripts/bench-spool` and
-//! `scripts/bench-connections` (which build it and run it with their arguments). Parses the
+//! `sluice-bench`: the benchmark tool behind `scripts/bench`, `scripts/bench-spool`,
+//! `scripts/bench-capacity` and the other `scripts/bench-*` (which build it and run it with
+//! their arguments). Parses the
 //! command line, runs one benchmark, maps its outcome to an exit code; the benchmark itself is
 //! `sluice_harness::bench`.
 
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_harness::bench::{connections, otlp, pod, run, spool};
+use sluice_harness::bench::{capacity, connections, otlp, pod, run, spool};
 
 #[derive(Parser)]
 #[command(name = "sluice-bench", about = "Sluice's benchmarks (scripts/bench, bench-spool, bench-connections)")]
@@ -103,6 +104,27 @@ enum Command {
         #[arg(default_value_t = 60)]
         seconds: u64,
     },
+    /// scripts/bench-capacity: the capacity model's inputs in one run on the same records —
+    /// PostgreSQL's own COPY of the persister's rows, a persister's rows/s per replica and per
+    /// partition, 1…N persisters against one primary, two clusters side by side, bytes per row,
+    /// the agent's cost — into `bench/results/capacity-<time>/`.
+    Capacity {
+        /// Tiny counts, results in a temp dir (well under a minute).
+        #[arg(long)]
+        smoke: bool,
+        /// Records in the topic (default 500000; with --smoke 4000).
+        #[arg(long)]
+        records: Option<u64>,
+        /// The topic's partitions (default 4).
+        #[arg(long)]
+        partitions: Option<u32>,
+        /// The most persisters against one primary (default 3).
+        #[arg(long)]
+        replicas: Option<u32>,
+        /// Seconds per phase of the agent's cost (default 20; with --smoke 2).
+        #[arg(long)]
+        pod_seconds: Option<u64>,
+    },
 }
 
 /// The repository: `SLUICE_ROOT` (the scripts set it), else the current directory.
@@ -133,6 +155,11 @@ async fn main() -> ExitCode {
         Command::Otlp { records, batch } => {
             otlp::run(&otlp::Settings { records, batch }, &services).await.map_err(anyhow::Error::from)
         }
+        Command::Capacity { smoke, records, partitions, replicas, pod_seconds } => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            let settings = capacity::Settings::new(smoke, (records, partitions, replicas, pod_seconds), args);
+            capacity_run(settings, &root, services).await
+        }
         Command::Pod { seconds } => pod::run(&pod::Settings { seconds }, &services).await.map_err(anyhow::Error::from),
         Command::Connections { records, idle, slow } => {
             connections::run(&connections::Settings { records, idle, slow }, &services)
@@ -159,6 +186,29 @@ async fn bench(
     let outcome = tokio::spawn({
         let bench = bench.clone();
         async move { bench.run().await }
+    })
+    .await;
+    bench.cleanup().await;
+    let summary = outcome.map_err(|error| anyhow::anyhow!("the benchmark panicked: {error}"))??;
+    #[expect(clippy::print_stdout, reason = "the summary is the command's output")]
+    {
+        print!("{summary}");
+    }
+    Ok(())
+}
+
+/// `sluice-bench capacity`: see [`Command::Capacity`]. Its schemas and topics are dropped and
+/// deleted whatever happened.
+async fn capacity_run(
+    settings: capacity::Settings,
+    root: &std::path::Path,
+    services: sluice_harness::Services,
+) -> anyhow::Result<()> {
+    let run_settings = run::Settings::new(settings.smoke, &[], Vec::new()).results_prefix("capacity-");
+    let bench = std::sync::Arc::new(run::Bench::new(run_settings, root, services).await?);
+    let outcome = tokio::spawn({
+        let bench = bench.clone();
+        async move { bench.capacity(&settings).await }
     })
     .await;
     bench.cleanup().await;

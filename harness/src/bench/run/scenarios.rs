@@ -17,8 +17,8 @@ use super::super::report::{
     RunRss, Span,
 };
 use super::{
-    Bench, RSYSLOGD, RunError, SCRAPE_TIMEOUT, STOP_LIMIT, Sampler, alive, blocking, bucket_latency, failed, io, log,
-    metric_sum, random, scrape,
+    Bench, RSYSLOGD, RunError, STOP_LIMIT, Sampler, alive, blocking, bucket_latency, failed, io, log, metric_sum,
+    random, scrape, writers,
 };
 use crate::{Process, start_agent, start_persister};
 
@@ -72,9 +72,9 @@ impl Bench {
         };
         let mut out = format!("topic {topic}: {records} records of {shape_label}\n");
         for _ in 0..repeat {
-            let run = self.persist(&topic, records, shape_label, record_bytes, false).await?;
+            let run = self.persist(&topic, records, shape_label, record_bytes, (false, false)).await?;
             if columns {
-                let typed = self.persist(&topic, records, shape_label, record_bytes, true).await?;
+                let typed = self.persist(&topic, records, shape_label, record_bytes, (true, false)).await?;
                 out.push_str(&format!(
                     "with 5 typed columns: {:.0} rows/s ({:.2}× of none), {:.3} cores per 10k rows/s, {:.0} bytes per row\n",
                     typed.rows_per_second,
@@ -361,14 +361,16 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
     }
 
     /// The persister (scenario 6) drains `topic` — `records` records of `shape`, `record_bytes`
-    /// each on average as written — into PostgreSQL: rows/s, CPU, RSS, bytes per row.
+    /// each on average as written — into PostgreSQL: rows/s, CPU, RSS, bytes per row; with
+    /// `columns` into five typed columns too; with `ceiling`, then PostgreSQL's own `COPY` of the
+    /// rows it stored (`copy_ceiling.rs`, two sessions), the persister's rate beside it.
     pub(super) async fn persist(
         &self,
         topic: &str,
         records: u64,
         shape: &str,
         record_bytes: f64,
-        columns: bool,
+        (columns, ceiling): (bool, bool),
     ) -> Result<Persist, RunError> {
         let schema = self.new_schema();
         log(&format!("persister: {records} records from {topic} into PostgreSQL schema {schema}"));
@@ -379,22 +381,17 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
         let pid = persister.pid();
         let figures = drain.figures(records, started, cpu_ticks(pid), self.ticks);
         let peak_rss = hwm_kib(pid);
-        let shown = sluice::admin::client::get(persister.admin(), "/config", SCRAPE_TIMEOUT)
-            .await
-            .map_err(io("reading the persister's /config"))?;
-        let writers = shown
-            .body
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|table| table.get("persist")?.get("writers")?.as_integer())
-            .and_then(|writers| u64::try_from(writers).ok())
-            .unwrap_or(2);
+        let writers = writers(persister.admin()).await?;
         persister.stop(STOP_LIMIT).await;
         let in_pg = self.rows(&schema).await?;
         if in_pg != records {
             return Err(failed(format!("the persister stored {in_pg} rows for {records} records")));
         }
         let relation_bytes = self.relation_bytes(&schema).await?;
+        let copy_ceiling = match ceiling {
+            true => Some(self.copy_ceiling(&schema, in_pg, false).await?),
+            false => None,
+        };
         self.sql(&format!("DROP SCHEMA {schema} CASCADE")).await?;
         Ok(Persist {
             records,
@@ -409,12 +406,13 @@ ruleset(name="tokafka" queue.type="LinkedList" queue.size="200000" queue.dequeue
             record_bytes,
             relation_bytes,
             bytes_per_row: relation_bytes as f64 / in_pg.max(1) as f64,
+            postgres_copy_ceiling: copy_ceiling,
         })
     }
 
     /// What `schema.log_rows` (the table under the view `logs`) takes on disk: `pg_total_relation_size` (heap, TOAST, indexes, every
     /// fork) of each of its partitions, summed.
-    async fn relation_bytes(&self, schema: &str) -> Result<u64, RunError> {
+    pub(super) async fn relation_bytes(&self, schema: &str) -> Result<u64, RunError> {
         let row = self
             .db
             .query_one(
