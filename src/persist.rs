@@ -89,9 +89,12 @@ pub enum PersistError {
     /// A value could not be encoded for COPY (a column type the writer does not know).
     #[error("cannot encode a row for COPY: {0}")]
     Encode(String),
-    /// Connecting took longer than `postgres.connect_timeout`.
+    /// Connecting took longer than `postgres.connect_timeout` per host.
     #[error("postgres: connection attempt timed out")]
     ConnectTimeout,
+    /// A batch write got no answer within `postgres.write_timeout`; its connection is dropped.
+    #[error("postgres: no answer to a batch write within {}", humantime::format_duration(*.0))]
+    WriteTimeout(Duration),
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migration(String),
@@ -418,10 +421,16 @@ async fn probe_database(config: crate::config::PostgresConfig, health: Arc<Healt
                 None => Ok(()),
             }
         };
-        match tokio::time::timeout(DATABASE_PROBE_INTERVAL, check).await {
+        // Connecting may take its whole budget (several hosts); a probe that gets no answer
+        // drops its connection, which may be one to a server that will never answer again.
+        let limit = DATABASE_PROBE_INTERVAL.max(config.connect_budget());
+        match tokio::time::timeout(limit, check).await {
             Ok(Ok(())) => health.database_answered(),
             Ok(Err(error)) => health.database_failed("probe", &error),
-            Err(_) => health.database_failed("probe", &"no answer within 5 s"),
+            Err(_) => {
+                client = None;
+                health.database_failed("probe", &format!("no answer within {}", humantime::format_duration(limit)));
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => break,

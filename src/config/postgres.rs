@@ -33,9 +33,16 @@ pub struct PostgresConfig {
     /// Schema holding sluice's tables (created if missing). A plain lower-case identifier.
     /// Default `"sluice"`.
     pub schema: String,
-    /// How long one connection attempt may take. Default `10s`.
+    /// How long one connection attempt to one host may take (a URL naming several hosts tries
+    /// each in turn, each with this long). Default `10s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How long one batch write may wait for PostgreSQL's answers before its connection is
+    /// dropped and the batch written again on a new one: a server whose node was lost sends
+    /// neither an answer nor a reset, and the kernel would keep the write waiting for many
+    /// minutes. Longer than any write should take. Default `60s`.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// The CA certificate (PEM) that signed the server's certificate, when it is not one the
     /// system trusts. TLS follows the URL's `sslmode`: `disable`, `prefer` or `require`. A URL
     /// without `sslmode` means `require` when `ca_file` is set and `prefer` (TLS when the server
@@ -50,6 +57,7 @@ impl Default for PostgresConfig {
             url: "postgres://postgres@127.0.0.1:5432/sluice".into(),
             schema: "sluice".into(),
             connect_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(60),
             ca_file: None,
         }
     }
@@ -60,6 +68,12 @@ impl PostgresConfig {
     pub(super) fn validate(&self, at: &At<'_>) -> Result<(), ConfigError> {
         if self.url.parse::<tokio_postgres::Config>().is_err() {
             return Err(at.invalid("url", "is not a PostgreSQL connection URL"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(at.invalid("connect_timeout", "must be more than 0"));
+        }
+        if self.write_timeout.is_zero() {
+            return Err(at.invalid("write_timeout", "must be more than 0"));
         }
         if !valid_identifier(&self.schema) {
             return Err(at.invalid(
@@ -80,6 +94,13 @@ pub fn valid_identifier(name: &str) -> bool {
 }
 
 impl PostgresConfig {
+    /// How long connecting may take in all: `connect_timeout` for each host the URL names (they
+    /// are tried in turn), and a second more.
+    pub fn connect_budget(&self) -> Duration {
+        let hosts = self.url.parse::<tokio_postgres::Config>().map_or(1, |config| config.get_hosts().len().max(1));
+        self.connect_timeout * u32::try_from(hosts).unwrap_or(u32::MAX) + Duration::from_secs(1)
+    }
+
     /// The TLS mode the persister connects with. The URL's `sslmode` when it sets one; otherwise
     /// `require` when `ca_file` is given — naming a CA says the server is expected to speak TLS,
     /// and tokio-postgres' default `prefer` would fall back to plaintext, silently, whenever the

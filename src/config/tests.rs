@@ -216,6 +216,8 @@ fn rejects_limits_that_cannot_work() {
     assert_eq!(invalid_key("[ship]\nkey = \"field\"\n"), "ship.key_field");
     assert_eq!(invalid_key("[kafka]\ntopic = \"no spaces\"\n"), "kafka.topic");
     assert_eq!(invalid_key("[postgres]\nschema = \"Robert'); DROP TABLE logs;--\"\n"), "postgres.schema");
+    assert_eq!(invalid_key("[postgres]\nwrite_timeout = \"0s\"\n"), "postgres.write_timeout");
+    assert_eq!(invalid_key("[postgres]\nconnect_timeout = \"0s\"\n"), "postgres.connect_timeout");
     assert_eq!(invalid_key("[agent]\nadmin_listen = \"localhost\"\n"), "agent.admin_listen");
     assert_eq!(invalid_key("[persist]\nbatch_max_records = 0\n"), "persist.batch_max_records");
     assert_eq!(invalid_key("[persist]\nbatch_max_bytes = \"100 B\"\n"), "persist.batch_max_bytes");
@@ -763,4 +765,16 @@ fn the_stdout_sink_refuses_a_disk_buffer_and_a_dry_run_uses_memory() {
     config.dry_run();
     assert_eq!((config.ship.sink, config.buffer.kind), (crate::config::Sink::Stdout, BufferKind::Memory));
     config.validate("agent.toml").expect("a dry run's config is valid");
+}
+
+#[test]
+fn a_url_naming_several_hosts_may_take_connect_timeout_for_each_of_them() {
+    let config = Config::from_toml(
+        "[postgres]\nurl = \"postgres://app@pg-1:5432,pg-2:5432,pg-3:5432/logs?target_session_attrs=read-write\"\n\
+         connect_timeout = \"3s\"\n",
+    )
+    .expect("valid");
+    assert_eq!(config.postgres.connect_budget(), Duration::from_secs(10), "3 hosts × 3 s, and a second");
+    assert_eq!(PostgresConfig::default().connect_budget(), Duration::from_secs(11), "one host: 10 s and a second");
+    assert_eq!(config.postgres.write_timeout, Duration::from_secs(60), "the default");
 }

@@ -4,7 +4,8 @@
 //!
 //! Owns: when a batch closes, how it is written and retried, and which offsets may be stored.
 //! Must not: store an offset before its rows are committed, drop a message (it becomes a row or
-//! a dead letter), or give up a batch because PostgreSQL is down. The [`Database`],
+//! a dead letter), give up a batch because PostgreSQL is down, or wait on one write longer than
+//! `postgres.write_timeout` (a connection that went silent is left). The [`Database`],
 //! [`BatchWriter`] and [`Source`] traits are the seam the persister's model test drives.
 
 use std::collections::BTreeMap;
@@ -424,7 +425,7 @@ pub(super) async fn write_batch<D: Database, C: Source>(
     loop {
         batch.set_aside_outside(&window(config));
         let started = Instant::now();
-        match write_isolating(writer, &mut batch).await {
+        match write_isolating(writer, &mut batch, config.postgres.write_timeout).await {
             Ok(()) => {
                 health.database_answered();
                 let committed = std::mem::take(&mut batch.committed);
@@ -444,7 +445,11 @@ pub(super) async fn write_batch<D: Database, C: Source>(
                 metrics::counter!(telemetry::PERSIST_WRITE_ERRORS).increment(1);
                 // Counted per write; logged once, then once a minute while writes keep failing.
                 health.database_failed("batch write", &error);
-                if !writer.is_usable() {
+                // A connection that never answered is left, not reused: what it would answer
+                // next belongs to the write given up on. The batch goes again on a new one
+                // (its committed parts are not written twice; a part whose commit went
+                // unanswered is found stored and counted as duplicates).
+                if matches!(error, PersistError::WriteTimeout(_)) || !writer.is_usable() {
                     match connect_writer(database, health, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,
@@ -481,9 +486,15 @@ pub(super) fn window(config: &Config) -> row::Window {
 /// offsets are stored only when every part has committed, and writing a part again adds nothing.
 /// What commits moves to `batch.committed`. Any other error returns at once with what has not
 /// committed back in `batch.rows` and `batch.dead`, for the caller to retry: the committed parts
-/// are neither written nor counted twice.
-pub(super) async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut Batch) -> Result<(), PersistError> {
-    let whole = match writer.write(&batch.rows, &batch.dead).await {
+/// are neither written nor counted twice. Each write waits at most `limit` for PostgreSQL
+/// ([`PersistError::WriteTimeout`], an error not about the data). The limit is on each write,
+/// never on the whole: a part being isolated is in no batch field while it is written.
+pub(super) async fn write_isolating(
+    writer: &mut impl BatchWriter,
+    batch: &mut Batch,
+    limit: Duration,
+) -> Result<(), PersistError> {
+    let whole = match timed(writer.write(&batch.rows, &batch.dead), limit).await {
         Ok(written) => {
             let part = Part { rows: std::mem::take(&mut batch.rows), dead: std::mem::take(&mut batch.dead) };
             batch.committed.add(part, written);
@@ -500,7 +511,7 @@ pub(super) async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut B
     while let Some((mut part, refused)) = pending.pop() {
         let refused = match refused {
             Some(error) => error,
-            None => match writer.write(&part.rows, &part.dead).await {
+            None => match timed(writer.write(&part.rows, &part.dead), limit).await {
                 Ok(written) => {
                     batch.committed.add(part, written);
                     continue;
@@ -544,6 +555,14 @@ pub(super) async fn write_isolating(writer: &mut impl BatchWriter, batch: &mut B
         }
     }
     Ok(())
+}
+
+/// `write`, or [`PersistError::WriteTimeout`] once it has waited `limit`.
+async fn timed<T>(
+    write: impl std::future::Future<Output = Result<T, PersistError>>,
+    limit: Duration,
+) -> Result<T, PersistError> {
+    tokio::time::timeout(limit, write).await.unwrap_or(Err(PersistError::WriteTimeout(limit)))
 }
 
 /// Rows and dead letters written in one transaction while a refused batch is isolated.

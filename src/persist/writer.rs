@@ -14,7 +14,6 @@
 //! only after this returns `Ok`).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use chrono::NaiveDate;
@@ -147,11 +146,10 @@ pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
     pg.options(format!("-c search_path={} -c client_min_messages=warning", config.schema));
     pg.connect_timeout(config.connect_timeout);
     pg.application_name("sluice-persist");
-    let (client, connection) =
-        tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), pg.connect(tls(config)?))
-            .await
-            .map_err(|_| PersistError::ConnectTimeout)?
-            .map_err(PersistError::Postgres)?;
+    let (client, connection) = tokio::time::timeout(config.connect_budget(), pg.connect(tls(config)?))
+        .await
+        .map_err(|_| PersistError::ConnectTimeout)?
+        .map_err(PersistError::Postgres)?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             warn!(%error, "postgres connection ended");

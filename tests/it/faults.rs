@@ -725,3 +725,38 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
     assert!(agent.wait(Duration::from_secs(20)).await.success());
     drop(filesystem);
 }
+
+/// Found by the cold review of issue 34: a primary whose node is lost (no RST, no FIN: its
+/// answers simply stop) left a batch write waiting on the socket for as long as the kernel
+/// retransmits, with the consumer unpolled meanwhile. Each write is now bounded by
+/// `postgres.write_timeout`: the stuck connection is dropped and the batch written again on a
+/// new one, every record stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_that_stops_answering_mid_write_is_left_after_write_timeout_and_nothing_is_lost() {
+    let pg_config: tokio_postgres::Config = services().pg.parse().expect("pg url");
+    let port = pg_config.get_ports().first().copied().unwrap_or(5432);
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
+    let user = pg_config.get_user().unwrap_or("postgres");
+    let database = pg_config.get_dbname().unwrap_or("sluice");
+    let setup = Scenario::new("pgsilent")
+        .set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address))
+        .set("postgres", "write_timeout", "2s")
+        .build()
+        .await;
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
+    let socket = setup.config.socket();
+    let lines = |range: std::ops::Range<u64>| range.map(|n| numbered(&setup.topic, n).into_bytes()).collect::<Vec<_>>();
+
+    send_lines(&socket, &lines(0..100)).await;
+    until_rows(&db, 100).await;
+    // Every connection open now goes silent; connections made later answer.
+    proxy.hold_answers();
+    send_lines(&socket, &lines(100..200)).await;
+    until_rows_within(&db, 200, Duration::from_secs(60)).await;
+    until_nothing_left(&setup.config).await;
+    assert_each_once(&stored_numbers(&db, &setup.topic).await, 0..200);
+    let metrics = scrape(setup.config.persist_admin()).await;
+    assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) >= 1.0, "{}", nonzero(&metrics));
+}

@@ -92,7 +92,10 @@ impl PrivatePostgres {
         standby.resume().await;
         let admin = primary.admin().await;
         // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
-        admin.batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'").await.expect("make the standby synchronous");
+        admin
+            .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            .await
+            .expect("make the standby synchronous");
         admin.batch_execute("SELECT pg_reload_conf()").await.expect("reload");
         let deadline = Instant::now() + Duration::from_secs(60);
         while admin
@@ -116,7 +119,12 @@ impl PrivatePostgres {
             .args(["-w", "-t", "60"])
             .output()
             .expect("pg_ctl promote");
-        assert!(output.status.success(), "pg_ctl promote: {}\n{}", String::from_utf8_lossy(&output.stderr), self.log_tail());
+        assert!(
+            output.status.success(),
+            "pg_ctl promote: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.log_tail()
+        );
     }
 
     /// A session in database `postgres`.
