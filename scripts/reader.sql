@@ -35,8 +35,11 @@ BEGIN
     EXECUTE 'CREATE OR REPLACE VIEW sluice_reader.logs AS ' || array_to_string(parts, ' UNION ALL ');
 END $$;
 
--- Adds (or, called again, refreshes) cluster `name`: a server sluice_<name>, a user mapping for
--- the current role, the cluster's view `logs` imported as sluice_<name>.logs, and the union view.
+-- Adds cluster `name`, or replaces it when called again (a new host after a failover, a new
+-- password): a server sluice_<name> (connect_timeout 10 s: a cluster that is away fails a query
+-- in seconds instead of hanging it; give readers a statement_timeout too), a user mapping for the
+-- current role, the cluster's view `logs` imported as sluice_<name>.logs, and the union view.
+-- Replacing drops what was built on the old foreign table (views of your own included).
 CREATE OR REPLACE FUNCTION sluice_reader.add_cluster(
     name text, host text, port integer, dbname text, remote_schema text, username text,
     password text DEFAULT NULL
@@ -48,10 +51,11 @@ BEGIN
     IF name !~ '^[a-z0-9_]+$' THEN
         RAISE EXCEPTION 'cluster name %: lower-case letters, digits and _ only', name;
     END IF;
-    EXECUTE format('CREATE SERVER IF NOT EXISTS %I FOREIGN DATA WRAPPER postgres_fdw '
-                   'OPTIONS (host %L, port %L, dbname %L, async_capable %L, fetch_size %L)',
-                   server, host, port::text, dbname, 'true', '10000');
-    EXECUTE format('CREATE USER MAPPING IF NOT EXISTS FOR CURRENT_USER SERVER %I OPTIONS (user %L%s)',
+    EXECUTE format('DROP SERVER IF EXISTS %I CASCADE', server);
+    EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER postgres_fdw '
+                   'OPTIONS (host %L, port %L, dbname %L, async_capable %L, fetch_size %L, connect_timeout %L)',
+                   server, host, port::text, dbname, 'true', '10000', '10');
+    EXECUTE format('CREATE USER MAPPING FOR CURRENT_USER SERVER %I OPTIONS (user %L%s)',
                    server, username,
                    CASE WHEN password IS NULL THEN '' ELSE format(', password %L', password) END);
     EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', server);
@@ -59,4 +63,18 @@ BEGIN
     EXECUTE format('IMPORT FOREIGN SCHEMA %I LIMIT TO (logs) FROM SERVER %I INTO %I',
                    remote_schema, server, server);
     PERFORM sluice_reader.refresh_view();
+END $$;
+
+-- Removes cluster `name` (its server, user mappings, foreign table and schema) from the reader;
+-- the union view then covers the others. Nothing on the cluster itself is touched.
+CREATE OR REPLACE FUNCTION sluice_reader.remove_cluster(name text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('DROP SERVER IF EXISTS %I CASCADE', 'sluice_' || name);
+    EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', 'sluice_' || name);
+    IF EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname LIKE 'sluice\_%') THEN
+        PERFORM sluice_reader.refresh_view();
+    ELSE
+        DROP VIEW IF EXISTS sluice_reader.logs;
+    END IF;
 END $$;

@@ -545,6 +545,34 @@ fn keda_reaches_a_sasl_broker_through_a_trigger_authentication() {
     assert!(trigger.get("authenticationRef").is_none(), "a plaintext broker needs none");
 }
 
+/// From the cold review of issue 34: without a topic, KEDA sums lag only over the topics the
+/// group has committed on, so a new topic (a cut-over's) shows none; with `minReplicas: 0` no
+/// replica would ever start to read it. A new group's lag counts from the earliest offset, as the
+/// persister reads.
+#[test]
+fn keda_counts_lag_from_the_earliest_offset_and_refuses_scaling_to_zero_on_a_pattern() {
+    let rendered = documents(&render(&["persister.keda.enabled=true"]));
+    let trigger = &rendered.iter().find(|d| d["kind"] == "ScaledObject").expect("ScaledObject")["spec"]["triggers"][0];
+    assert_eq!(trigger["metadata"]["offsetResetPolicy"], "earliest");
+    let stderr = refusal(
+        "persister:
+  keda: {enabled: true, minReplicas: 0}
+  config: {persist: {topics: ['^logs[.].*']}}
+",
+    );
+    assert!(stderr.contains("keda.minReplicas 0 needs a single literal topic"), "{stderr}");
+    let literal = documents(&render_values(
+        "persister:
+  keda: {enabled: true, minReplicas: 0}
+  config: {persist: {topics: [logs.team-a]}}
+",
+        &[],
+    ));
+    let scaled = literal.iter().find(|d| d["kind"] == "ScaledObject").expect("ScaledObject");
+    assert_eq!(scaled["spec"]["triggers"][0]["metadata"]["topic"], "logs.team-a");
+    assert_eq!(scaled["spec"]["minReplicaCount"], 0);
+}
+
 #[test]
 fn the_persister_takes_the_usual_values_and_pins_no_uid() {
     let (_, sets) = VALUE_SETS.iter().find(|(name, _)| name.starts_with("keda with SASL")).expect("value set");

@@ -19,10 +19,11 @@ struct TwoClusters {
 }
 
 impl TwoClusters {
-    /// Topics `<prefix>.team-a`, `<prefix>.team-b` and `<prefix>.other`; cluster a reads team a's,
-    /// cluster b team b's.
+    /// Topics `<prefix>.team-a`, `<prefix>.team-b` and `<prefix>.other`; cluster a reads team a's
+    /// and the default topic, cluster b team b's.
     async fn by_team() -> Self {
-        Self::start("clusters", [("team-a", "team-a$"), ("team-b", "team-b$")]).await
+        // The default topic needs a reader too (docs/SCALING.md): team a's cluster takes it.
+        Self::start("clusters", [("team-a", "(team-a|other)$"), ("team-b", "team-b$")]).await
     }
 
     /// For each cluster, a (topic, pattern) pair: its persister reads `^<prefix>\.<pattern>`;
@@ -236,13 +237,8 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     config.dbname(&reader_db);
     let (reader, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to the reader");
     tokio::spawn(connection);
-    let by_cluster: Vec<(String, i64)> = reader
-        .query("SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster", &[])
-        .await
-        .expect("the union view")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let by_cluster: Vec<(String, i64)> =
+        pairs(&reader, "SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster").await;
     assert_eq!(by_cluster, [("team_a".to_string(), 100), ("team_b".to_string(), 100)]);
     let payloads: Vec<String> = column(&reader, "SELECT coalesce(record::text, message) FROM sluice_reader.logs").await;
     assert_each_once(&numbers_in("a", &payloads), 0..100);
@@ -272,6 +268,21 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
         remote.iter().all(|sql| sql.contains("(pod_namespace = 'team-a')") && sql.contains("(ingest_time > '")),
         "both filters pushed down to each cluster:\n{plan}"
     );
+
+    // A cluster that is away fails the query in seconds (the server's connect_timeout), instead
+    // of hanging it; removed from the reader, the view reads the others again.
+    clusters.private.crash();
+    let away = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        reader.query("SELECT count(*) FROM sluice_reader.logs", &[]),
+    )
+    .await
+    .expect("an answer within 30 s");
+    assert!(away.is_err(), "a cluster away is an error, not a partial answer");
+    reader.batch_execute("SELECT sluice_reader.remove_cluster('team_b')").await.expect("remove team b");
+    let left: Vec<(String, i64)> =
+        pairs(&reader, "SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster").await;
+    assert_eq!(left, [("team_a".to_string(), 100)]);
     drop(reader);
     admin.batch_execute(&format!("DROP DATABASE {reader_db} WITH (FORCE)")).await.expect("drop the reader");
 }
@@ -332,8 +343,9 @@ async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the
 }
 
 /// Issue 34: failover within a cluster is PostgreSQL's business; the persister only has to follow
-/// it. Its URL names the primary and a synchronous streaming standby with
-/// `target_session_attrs=read-write` (libpq's multi-host form). The primary crashes under load
+/// it. Its URL names a synchronous streaming standby, then the primary, with
+/// `target_session_attrs=read-write` (libpq's multi-host form): the read-only standby, first, is
+/// passed over until it is promoted. The primary crashes under load
 /// and the standby is promoted, as Patroni or pg_auto_failover would: the persister reconnects
 /// to the new primary, writes again what was not acknowledged, and every record is stored there
 /// exactly once (docs/SCALING.md, "Failover within a cluster").
@@ -346,7 +358,7 @@ async fn a_persister_follows_a_promoted_standby_and_stores_every_record_once() {
     create_topic(&services.kafka, &format!("{prefix}.logs"), 2).await;
     let both = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/sluice?target_session_attrs=read-write",
-        primary.port, standby.port
+        standby.port, primary.port
     );
     let mut persister = TwoClusters::persister(&prefix, ("logs", "logs$"), Some(&both));
     // Quick retries, so the switch shows in seconds.
