@@ -29,8 +29,12 @@ pub(super) const PREFETCH_KIB: u32 = 8 * 1024;
 /// lands in the prefetch queue whole, decompressed, even past `PREFETCH_KIB`: with librdkafka's
 /// 1 MiB default, 4 partitions and the benchmark's very compressible records (~30×), the queue
 /// overshot to 127 MiB and the persister peaked at ~300 MiB RSS draining 500k records; with
-/// 256 KiB (and `fetch.max.bytes` at its 1 MiB floor) it peaked at ~145 MiB, no slower.
-pub(super) const FETCH_PARTITION_BYTES: u32 = 256 * 1024;
+/// 256 KiB (and `fetch.max.bytes` at its 1 MiB floor) it peaked at ~145 MiB, no slower. A
+/// partition's records also arrive in runs of one fetch each: 256 KiB is ~25k records here, five
+/// batches for one lane while the other lane's writer waited. 64 KiB (issue 34, by hand on one
+/// 1M-record topic, three runs each alternating): 160–164k → 180–185k rows/s, peak RSS
+/// 142–147 → 93–96 MiB (docs/PERFORMANCE.md).
+pub(super) const FETCH_PARTITION_BYTES: u32 = 64 * 1024;
 /// Compressed bytes one fetch may return in all (`fetch.max.bytes`); librdkafka wants at least
 /// `message.max.bytes` (1 MB by default).
 pub(super) const FETCH_BYTES: u32 = 1024 * 1024;
