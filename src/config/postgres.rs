@@ -164,7 +164,7 @@ pub fn redact_url_password(url: &str) -> String {
 }
 
 /// True if the connection string sets `key` itself.
-fn sets_parameter(url: &str, key: &str) -> bool {
+pub(crate) fn sets_parameter(url: &str, key: &str) -> bool {
     parameters(url).0.iter().any(|parameter| parameter.key == key)
 }
 

@@ -35,6 +35,8 @@ pub(super) trait Database {
     type Writer: BatchWriter;
     /// One attempt to connect a writer ([`connect_writer`] retries).
     async fn connect(&self) -> Result<Self::Writer, PersistError>;
+    /// Cancels what `writer`'s session runs, before the writer is dropped (a write given up on).
+    async fn cancel(&self, writer: &Self::Writer);
 }
 
 /// One writer's transactions, as batching sees them ([`Writer`] in production).
@@ -62,16 +64,31 @@ pub(super) struct Postgres<'a>(pub(super) &'a Config);
 impl Database for Postgres<'_> {
     type Writer = Writer;
 
-    /// Connects, migrates and prepares a writer.
+    /// Connects, migrates and prepares a writer. Preparing waits at most `write_timeout` (it takes
+    /// locks a stalled server may never grant); then its statement is cancelled.
     async fn connect(&self) -> Result<Writer, PersistError> {
         let config = self.0;
         let mut client = writer::connect(&config.postgres).await?;
-        // Cheap when there is nothing to do, and guarded by an advisory lock.
-        schema::migrate(&mut client, &config.postgres.schema).await?;
-        let columns = super::columns::Columns::new(&config.persist.columns);
-        schema::ensure_columns(&client, &columns).await?;
-        schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
-        Writer::new(client, &columns).await
+        let token = client.cancel_token();
+        let prepare = async move {
+            // Cheap when there is nothing to do, and guarded by an advisory lock.
+            schema::migrate(&mut client, &config.postgres.schema).await?;
+            let columns = super::columns::Columns::new(&config.persist.columns);
+            schema::ensure_columns(&client, &columns).await?;
+            schema::ensure_partitions(&client, &schema::days_ahead(config.persist.partitions_ahead_days)).await?;
+            Writer::new(client, &columns).await
+        };
+        match tokio::time::timeout(config.postgres.write_timeout, prepare).await {
+            Ok(prepared) => prepared,
+            Err(_) => {
+                writer::cancel(&token, &config.postgres).await;
+                Err(PersistError::WriteTimeout(config.postgres.write_timeout))
+            }
+        }
+    }
+
+    async fn cancel(&self, writer: &Writer) {
+        writer::cancel(&writer.cancel_token(), &self.0.postgres).await;
     }
 }
 
@@ -449,7 +466,12 @@ pub(super) async fn write_batch<D: Database, C: Source>(
                 // next belongs to the write given up on. The batch goes again on a new one
                 // (its committed parts are not written twice; a part whose commit went
                 // unanswered is found stored and counted as duplicates).
-                if matches!(error, PersistError::WriteTimeout(_)) || !writer.is_usable() {
+                let stuck = matches!(error, PersistError::WriteTimeout(_));
+                if stuck {
+                    // Its session would otherwise wait on (holding its locks) beside the new one.
+                    database.cancel(writer).await;
+                }
+                if stuck || !writer.is_usable() {
                     match connect_writer(database, health, stop).await {
                         Ok(Some(new_writer)) => *writer = new_writer,
                         Ok(None) => return false,

@@ -521,6 +521,9 @@ impl Database for FakePostgres {
         }
         Ok(FakeWriter { world: self.world.clone(), usable: true })
     }
+
+    /// The fake's writes never hang: nothing to cancel.
+    async fn cancel(&self, _writer: &FakeWriter) {}
 }
 
 impl BatchWriter for FakeWriter {

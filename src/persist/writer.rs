@@ -14,6 +14,7 @@
 //! only after this returns `Ok`).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use chrono::NaiveDate;
@@ -146,6 +147,22 @@ pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
     pg.options(format!("-c search_path={} -c client_min_messages=warning", config.schema));
     pg.connect_timeout(config.connect_timeout);
     pg.application_name("sluice-persist");
+    // A server whose node is lost sends no reset: keepalives and a bound on unacknowledged data
+    // close such a connection in about a minute instead of the kernel's hours, so one the
+    // persister gave up on does not linger (a URL's own settings win).
+    let (url, timeout) = (&config.url, config.write_timeout);
+    if !crate::config::postgres::sets_parameter(url, "keepalives_idle") {
+        pg.keepalives_idle(Duration::from_secs(30));
+    }
+    if !crate::config::postgres::sets_parameter(url, "keepalives_interval") {
+        pg.keepalives_interval(Duration::from_secs(10));
+    }
+    if !crate::config::postgres::sets_parameter(url, "keepalives_retries") {
+        pg.keepalives_retries(3);
+    }
+    if !crate::config::postgres::sets_parameter(url, "tcp_user_timeout") {
+        pg.tcp_user_timeout(timeout);
+    }
     let (client, connection) = tokio::time::timeout(config.connect_budget(), pg.connect(tls(config)?))
         .await
         .map_err(|_| PersistError::ConnectTimeout)?
@@ -156,6 +173,23 @@ pub async fn connect(config: &PostgresConfig) -> Result<Client, PersistError> {
         }
     });
     Ok(client)
+}
+
+/// Asks the server to cancel what the session of `token` is running (a write given up on after
+/// `write_timeout`), within the connect budget; a server that cannot be reached is not waited
+/// for. Then the session's client can be dropped: with nothing left to answer, its connection
+/// closes, and the server's session ends instead of waiting on with its locks.
+pub async fn cancel(token: &tokio_postgres::CancelToken, config: &PostgresConfig) {
+    let outcome = match tls(config) {
+        Ok(tls) => tokio::time::timeout(config.connect_budget(), token.cancel_query(tls))
+            .await
+            .map_err(|_| "no answer".to_string())
+            .and_then(|result| result.map_err(|error| error.to_string())),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = outcome {
+        debug!(%error, "could not cancel the statement of a connection given up on");
+    }
 }
 
 /// The TLS connector: OpenSSL (the library librdkafka uses too), the system's CAs plus
@@ -196,6 +230,11 @@ impl Writer {
                 .chain(columns.0.iter().map(|column| super::columns::copy_type(column.config.kind)))
                 .collect(),
         })
+    }
+
+    /// What cancels the statement this writer's session is running ([`cancel`]).
+    pub fn cancel_token(&self) -> tokio_postgres::CancelToken {
+        self.client.cancel_token()
     }
 
     /// False once the connection has failed; the caller reconnects.

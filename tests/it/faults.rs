@@ -760,3 +760,46 @@ async fn a_postgres_that_stops_answering_mid_write_is_left_after_write_timeout_a
     let metrics = scrape(setup.config.persist_admin()).await;
     assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) >= 1.0, "{}", nonzero(&metrics));
 }
+
+/// Found by the second cold review of issue 34: a write given up on after `write_timeout` left
+/// its session on the server, still waiting (on a lock, a synchronous standby), while the retry
+/// opened another: one more session per lane every timeout, until `max_connections`. The
+/// statement of a write given up on is now cancelled, and its connection closes. Here a lock on
+/// today's partition holds every write for 12 s at a write timeout of 1 s (connecting and
+/// preparing a writer still work): the sessions waiting on it stay at one per lane, and once the
+/// lock goes every record is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_given_up_on_are_cancelled_so_their_sessions_do_not_pile_up() {
+    let setup = Scenario::new("pileup").partitions(2).set("postgres", "write_timeout", "1s").build().await;
+    let _persister = setup.persister().await;
+    let _agent = setup.agent().await;
+    let db = setup.db().await;
+    let socket = setup.config.socket();
+    let lines = |range: std::ops::Range<u64>| range.map(|n| numbered(&setup.topic, n).into_bytes()).collect::<Vec<_>>();
+    send_lines(&socket, &lines(0..100)).await;
+    until_rows(&db, 100).await;
+
+    let partition = format!("logs_{}", chrono::Utc::now().format("%Y%m%d"));
+    let mut locker = setup.db().await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute(&format!("LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE")).await.expect("lock");
+    send_lines(&socket, &lines(100..200)).await;
+    let waiting_sql = format!("SELECT count(*) FROM pg_locks WHERE relation = '{partition}'::regclass AND NOT granted");
+    let mut most_waiting = 0;
+    let until = tokio::time::Instant::now() + Duration::from_secs(12);
+    while tokio::time::Instant::now() < until {
+        let waiting: i64 = db.query_one(&waiting_sql, &[]).await.expect("pg_locks").get(0);
+        most_waiting = most_waiting.max(waiting);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lock.rollback().await.expect("unlock");
+    assert!(most_waiting >= 1, "the writes waited on the lock");
+    // Two lanes; each has one write (or one reconnect's partition check) waiting at a time.
+    assert!(most_waiting <= 2, "sessions waiting on the lock: {most_waiting}");
+
+    until_rows_within(&db, 200, Duration::from_secs(60)).await;
+    until_nothing_left(&setup.config).await;
+    assert_each_once(&stored_numbers(&db, &setup.topic).await, 0..200);
+    let metrics = scrape(setup.config.persist_admin()).await;
+    assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) >= 2.0, "{}", nonzero(&metrics));
+}
