@@ -67,9 +67,28 @@ impl TwoClusters {
         (config, agent)
     }
 
+    /// A persister on each cluster and an agent in each of team a's and team b's namespaces.
+    async fn run(&self) -> Running {
+        let persister_a = start_persister(&self.a).await;
+        let persister_b = start_persister(&self.b).await;
+        let (agent_a, process_a) = self.agent("team-a").await;
+        let (agent_b, process_b) = self.agent("team-b").await;
+        Running { _persister_a: persister_a, persister_b, agent_a, agent_b, _agents: [process_a, process_b] }
+    }
+
     async fn db_b(&self) -> tokio_postgres::Client {
         connect_to_schema(&self.private.url(), &self.b.schema()).await
     }
+}
+
+/// What [`TwoClusters::run`] started: stopped when dropped.
+struct Running {
+    _persister_a: Process,
+    persister_b: Process,
+    /// Team a's agent config (its socket).
+    agent_a: TestConfig,
+    agent_b: TestConfig,
+    _agents: [Process; 2],
 }
 
 /// A session on the server at `url` with `search_path` set to `schema`.
@@ -91,10 +110,7 @@ fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_namespace_lands_in_its_own_cluster_once_and_a_stopped_cluster_holds_up_only_its_own() {
     let clusters = TwoClusters::by_team().await;
-    let _persister_a = start_persister(&clusters.a).await;
-    let _persister_b = start_persister(&clusters.b).await;
-    let (agent_a, _a) = clusters.agent("team-a").await;
-    let (agent_b, _b) = clusters.agent("team-b").await;
+    let Running { agent_a, agent_b, .. } = &clusters.run().await;
     let db_a = pg(&services(), &clusters.a.schema()).await;
     let db_b = clusters.db_b().await;
 
@@ -205,10 +221,7 @@ fn server_of(url: &str) -> (String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed_down() {
     let clusters = TwoClusters::by_team().await;
-    let _persister_a = start_persister(&clusters.a).await;
-    let _persister_b = start_persister(&clusters.b).await;
-    let (agent_a, _a) = clusters.agent("team-a").await;
-    let (agent_b, _b) = clusters.agent("team-b").await;
+    let Running { agent_a, agent_b, .. } = &clusters.run().await;
     send_lines(&agent_a.socket(), &numbered_lines("a", 0..100)).await;
     send_lines(&agent_b.socket(), &numbered_lines("b", 0..100)).await;
     until_rows(&pg(&services(), &clusters.a.schema()).await, 100).await;
@@ -247,19 +260,14 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     // A time given as a value is shipped to each cluster; `now() - …` would not be (postgres_fdw
     // ships no stable function), and every cluster would send all of the namespace's rows.
     let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
-    let plan: Vec<String> = reader
-        .query(
-            &format!(
-                "EXPLAIN (VERBOSE, COSTS OFF) SELECT cluster, message FROM sluice_reader.logs \
-                 WHERE pod_namespace = 'team-a' AND ingest_time > '{since}'"
-            ),
-            &[],
-        )
-        .await
-        .expect("explain")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let plan: Vec<String> = column(
+        &reader,
+        &format!(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT cluster, message FROM sluice_reader.logs \
+             WHERE pod_namespace = 'team-a' AND ingest_time > '{since}'"
+        ),
+    )
+    .await;
     let plan = plan.join("\n");
     assert_eq!(plan.matches("Async Foreign Scan").count(), 2, "both clusters at once:\n{plan}");
     let remote: Vec<&str> = plan.lines().filter(|line| line.contains("Remote SQL")).collect();
@@ -311,17 +319,15 @@ fn trickle(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the_other_untouched() {
     let clusters = TwoClusters::by_team().await;
-    let _persister_a = start_persister(&clusters.a).await;
-    let mut persister_b = start_persister(&clusters.b).await;
-    let (agent_a, _a) = clusters.agent("team-a").await;
-    let (agent_b, _b) = clusters.agent("team-b").await;
+    let mut running = clusters.run().await;
+    let (socket_a, socket_b) = (running.agent_a.socket(), running.agent_b.socket());
     let db_a = pg(&services(), &clusters.a.schema()).await;
     let db_b = clusters.db_b().await;
 
-    let sending_a = trickle(agent_a.socket(), "a", 0..600);
-    let sending_b = trickle(agent_b.socket(), "b", 0..600);
+    let sending_a = trickle(socket_a, "a", 0..600);
+    let sending_b = trickle(socket_b, "b", 0..600);
     until_rows(&db_b, 100).await;
-    persister_b.kill();
+    running.persister_b.kill();
     let rows_at_kill = (row_count(&db_a).await, row_count(&db_b).await);
     // Team a's rows keep arriving while team b's cluster has no persister.
     until("team a's rows to keep flowing", || async {

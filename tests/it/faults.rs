@@ -372,18 +372,21 @@ async fn a_corrupted_spool_segment_is_quarantined_and_the_intact_records_are_shi
     assert!(distinct.iter().all(|n| *n < 300));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps_persister_memory_bounded() {
+/// A proxy in front of the stack's PostgreSQL, and the URL of its database through the proxy.
+async fn postgres_behind_proxy() -> (Proxy, String) {
     let pg_config: tokio_postgres::Config = services().pg.parse().expect("pg url");
     let port = pg_config.get_ports().first().copied().unwrap_or(5432);
     let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
     let user = pg_config.get_user().unwrap_or("postgres");
     let database = pg_config.get_dbname().unwrap_or("sluice");
-    let setup = Scenario::new("pgdown")
-        .partitions(2)
-        .set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address))
-        .build()
-        .await;
+    let url = format!("postgres://{user}@{}/{database}", proxy.address);
+    (proxy, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_outage_under_load_loses_nothing_duplicates_nothing_and_keeps_persister_memory_bounded() {
+    let (proxy, url) = postgres_behind_proxy().await;
+    let setup = Scenario::new("pgdown").partitions(2).set("postgres", "url", url.as_str()).build().await;
     let (config, topic) = (&setup.config, &setup.topic);
     let persister = setup.persister().await;
     let _agent = setup.agent().await;
@@ -733,13 +736,9 @@ async fn an_agent_started_on_a_full_spool_disk_comes_up_and_applies_when_full_un
 /// new one, every record stored once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_that_stops_answering_mid_write_is_left_after_write_timeout_and_nothing_is_lost() {
-    let pg_config: tokio_postgres::Config = services().pg.parse().expect("pg url");
-    let port = pg_config.get_ports().first().copied().unwrap_or(5432);
-    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
-    let user = pg_config.get_user().unwrap_or("postgres");
-    let database = pg_config.get_dbname().unwrap_or("sluice");
+    let (proxy, url) = postgres_behind_proxy().await;
     let setup = Scenario::new("pgsilent")
-        .set("postgres", "url", format!("postgres://{user}@{}/{database}", proxy.address))
+        .set("postgres", "url", url.as_str())
         .set("postgres", "write_timeout", "2s")
         .build()
         .await;

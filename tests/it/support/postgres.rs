@@ -60,16 +60,10 @@ impl PrivatePostgres {
     /// Creates a cluster (`track_commit_timestamp` on, so a row's commit time can be read) and
     /// starts it with database `sluice`.
     pub async fn start() -> Self {
-        let (dir, bin) = (owned_tempdir(), bin());
-        let (data, log) = (dir.path().join("data"), dir.path().join("postgres.log"));
-        let output = as_postgres(&bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"])
-            .output()
-            .expect("initdb");
-        assert!(output.status.success(), "initdb: {}", String::from_utf8_lossy(&output.stderr));
-        let server = Self { port: free_port(), bin, data, log, dir };
+        let server = Self::made_by(
+            "initdb",
+            &["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"],
+        );
         server.resume().await;
         server.admin().await.batch_execute("CREATE DATABASE sluice").await.expect("create database");
         server
@@ -79,16 +73,11 @@ impl PrivatePostgres {
     /// the primary's synchronous standby: from here on a commit the primary acknowledges is on
     /// the standby too, so promoting it loses no acknowledged write.
     pub async fn standby_of(primary: &PrivatePostgres) -> Self {
-        let (dir, bin) = (owned_tempdir(), bin());
-        let (data, log) = (dir.path().join("data"), dir.path().join("postgres.log"));
-        let output = as_postgres(&bin.join("pg_basebackup"))
-            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string(), "-U", "postgres", "-D"])
-            .arg(&data)
-            .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"])
-            .output()
-            .expect("pg_basebackup");
-        assert!(output.status.success(), "pg_basebackup: {}", String::from_utf8_lossy(&output.stderr));
-        let standby = Self { port: free_port(), bin, data, log, dir };
+        let port = primary.port.to_string();
+        let standby = Self::made_by(
+            "pg_basebackup",
+            &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast", "--no-sync"],
+        );
         standby.resume().await;
         let admin = primary.admin().await;
         // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
@@ -108,6 +97,16 @@ impl PrivatePostgres {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         standby
+    }
+
+    /// A cluster (not started) whose data directory `tool` (`initdb`, `pg_basebackup`) makes with
+    /// `-D <data>` and `args`, in a temp directory of its own, on a free port.
+    fn made_by(tool: &str, args: &[&str]) -> Self {
+        let (dir, bin) = (owned_tempdir(), bin());
+        let (data, log) = (dir.path().join("data"), dir.path().join("postgres.log"));
+        let output = as_postgres(&bin.join(tool)).arg("-D").arg(&data).args(args).output().expect(tool);
+        assert!(output.status.success(), "{tool}: {}", String::from_utf8_lossy(&output.stderr));
+        Self { port: free_port(), bin, data, log, dir }
     }
 
     /// `pg_ctl promote`: the standby leaves recovery and takes writes.
