@@ -171,17 +171,22 @@ async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_n
     let socket = agent_config.socket();
     sluice_harness::eventually("the socket", || std::future::ready(socket.exists().then_some(()))).await;
 
-    // Records keep coming while the agent moves the namespace to cluster b.
+    // Records keep coming while the agent moves the namespace to cluster b; the first batch is
+    // stored in cluster a before the reload, however the tasks are scheduled.
+    let db_a = pg(&services, &clusters.a.schema()).await;
+    let db_b = clusters.db_b().await;
+    send_lines(&socket, &numbered_lines("x", 0..10)).await;
+    until_rows(&db_a, 10).await;
     let sender = {
         let socket = socket.clone();
         tokio::spawn(async move {
-            for batch in 0..40u64 {
+            for batch in 1..40u64 {
                 send_lines(&socket, &numbered_lines("x", batch * 10..batch * 10 + 10)).await;
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     agent_config.set("kafka", "topic", route("b"));
     agent_config.write_to(&path);
     agent.signal("HUP");
@@ -189,8 +194,6 @@ async fn moving_a_namespace_to_another_cluster_under_load_loses_and_duplicates_n
     sender.await.expect("the sender");
     send_lines(&socket, &numbered_lines("x", 400..410)).await;
 
-    let db_a = pg(&services, &clusters.a.schema()).await;
-    let db_b = clusters.db_b().await;
     until("every record in one cluster or the other", || async {
         let stored = row_count(&db_a).await + row_count(&db_b).await;
         if stored >= 410 { Ok(()) } else { Err(format!("{stored} rows")) }
@@ -324,28 +327,31 @@ async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the
     let db_a = pg(&services(), &clusters.a.schema()).await;
     let db_b = clusters.db_b().await;
 
-    let sending_a = trickle(socket_a, "a", 0..600);
-    let sending_b = trickle(socket_b, "b", 0..600);
+    // Each team's first half trickles in; team b's persister is killed once its cluster has some
+    // of it, and the second halves are sent only after the kill, so they land in the kill's
+    // shadow however fast or slow the machine is.
+    let first_a = trickle(socket_a.clone(), "a", 0..300);
+    let first_b = trickle(socket_b.clone(), "b", 0..300);
     until_rows(&db_b, 100).await;
     running.persister_b.kill();
-    let rows_at_kill = (row_count(&db_a).await, row_count(&db_b).await);
-    // Team a's rows keep arriving while team b's cluster has no persister.
-    until("team a's rows to keep flowing", || async {
-        let rows = row_count(&db_a).await;
-        if rows > rows_at_kill.0 + 50 { Ok(()) } else { Err(format!("{rows} rows, {} at the kill", rows_at_kill.0)) }
-    })
-    .await;
-    let _replacement = start_persister(&clusters.b).await;
-    sending_a.await.expect("team a's sender");
-    sending_b.await.expect("team b's sender");
-
+    let rows_b_at_kill = row_count(&db_b).await;
+    first_a.await.expect("team a's sender");
+    first_b.await.expect("team b's sender");
+    // Team a's rows keep arriving, all of them, while team b's cluster has no persister.
+    trickle(socket_a, "a", 300..600).await.expect("team a's sender");
+    trickle(socket_b, "b", 300..600).await.expect("team b's sender");
     until_rows(&db_a, 600).await;
+    assert_each_once(&stored_numbers(&db_a, "a").await, 0..600);
+    let rows_b_without_persister = row_count(&db_b).await;
+    assert!(rows_b_without_persister <= 300, "team b's second half waits for a persister: {rows_b_without_persister}");
+
+    let _replacement = start_persister(&clusters.b).await;
     until_rows(&db_b, 600).await;
     until_caught_up(&clusters.b).await;
     assert_each_once(&stored_numbers(&db_a, "a").await, 0..600);
     assert_each_once(&stored_numbers(&db_b, "b").await, 0..600);
     assert!(stored_numbers(&db_a, "b").await.is_empty() && stored_numbers(&db_b, "a").await.is_empty());
-    assert!(rows_at_kill.1 < 600, "the kill came while team b's records were still arriving");
+    assert!(rows_b_at_kill >= 100, "the kill came after team b's cluster had rows: {rows_b_at_kill}");
 }
 
 /// Issue 34: failover within a cluster is PostgreSQL's business; the persister only has to follow
@@ -373,19 +379,20 @@ async fn a_persister_follows_a_promoted_standby_and_stores_every_record_once() {
     let agent = TestConfig::new(&services, &format!("{prefix}.logs"));
     let _agent = start_agent(&agent).await;
 
-    let sending = trickle(agent.socket(), "f", 0..600);
+    // The first half trickles in and the primary crashes once it has some of it; the second
+    // half is sent after the crash, so it meets the switch however fast the machine is.
+    let first = trickle(agent.socket(), "f", 0..300);
     let db = connect_to_schema(&primary.url(), &persister.schema()).await;
     until_rows(&db, 100).await;
-    let rows_at_crash = row_count(&db).await;
     primary.crash();
     standby.promote();
-    sending.await.expect("the sender");
+    first.await.expect("the sender");
+    trickle(agent.socket(), "f", 300..600).await.expect("the sender");
 
     let db = connect_to_schema(&standby.url(), &persister.schema()).await;
     until_rows(&db, 600).await;
     until_caught_up(&persister).await;
     assert_each_once(&stored_numbers(&db, "f").await, 0..600);
-    assert!(rows_at_crash < 600, "the primary crashed while records were still arriving");
     let metrics = scrape(persister.persist_admin()).await;
     let stored = metrics.count(telemetry::PERSIST_ROWS, &[]) + metrics.count(telemetry::PERSIST_DUPLICATES, &[]);
     assert!(stored >= 600.0, "every record counted as written or found stored: {}", nonzero(&metrics));
