@@ -73,7 +73,17 @@ async fn real_scrapes_pass_promtool_and_name_every_metric_the_dashboard_and_aler
         let agent = scrape(config.agent_admin()).await;
         let persister = scrape(config.persist_admin()).await;
         let (rtt, lag) = (agent.has(telemetry::librdkafka::BROKER_RTT), persister.has(telemetry::PERSIST_LAG_RECORDS));
-        if rtt && lag { Ok((agent, persister)) } else { Err(format!("broker rtt: {rtt}, lag: {lag}")) }
+        // A count follows what it counts by a moment (a delivery is counted after Kafka's answer,
+        // which may come after the row).
+        let delivered = agent.count(telemetry::SHIP_DELIVERED, &[]);
+        let timed = agent.count(&format!("{}_count", telemetry::SHIP_DELIVERY_LATENCY), &[]);
+        let refused = agent.count(telemetry::INGEST_REJECTED, &[("reason", "contains_nul")]);
+        let settled = delivered == 500.0 && timed == 500.0 && refused == 1.0;
+        if rtt && lag && settled {
+            Ok((agent, persister))
+        } else {
+            Err(format!("broker rtt: {rtt}, lag: {lag}, delivered {delivered}, timed {timed}, refused {refused}"))
+        }
     })
     .await;
 

@@ -354,13 +354,16 @@ async fn the_sdk_retries_while_the_agent_is_down_and_every_record_arrives() {
     let _persister = setup.persister().await;
     let db = setup.db().await;
 
-    // The SDK starts while nothing listens: its export fails to connect and is retried.
+    // The SDK starts while the agent is down: its first try meets a connection closed at once
+    // (however long Python takes to start), and is retried.
+    let down = tokio::net::TcpListener::bind(grpc).await.expect("bind the gRPC address");
     let sdk = python_sdk("grpc", &format!("http://{grpc}"), 10)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start the Python SDK");
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (first_try, _) = within(WAIT, "the SDK's first try", down.accept()).await.expect("accept");
+    drop((first_try, down));
     let _agent = setup.agent().await;
     let output = tokio::task::spawn_blocking(move || sdk.wait_with_output()).await.expect("join").expect("the SDK");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

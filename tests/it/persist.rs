@@ -335,7 +335,8 @@ async fn a_dead_broker_does_not_hold_the_persisters_shutdown() {
     let db = setup.db().await;
     assert_eq!(stored_keys(&db).await, keys(&["i-1"]), "the batch in hand was written in the drain");
     // drain_timeout (2 s) + the final commit's and close's bound + the runtime's shutdown bound.
-    assert!(took < Duration::from_secs(15), "shutdown took {took:?}; log:\n{}", persister.log_text());
+    // About 9 s: a margin for a busy machine, well below the wait (40 s) a held shutdown reaches.
+    assert!(took < Duration::from_secs(25), "shutdown took {took:?}; log:\n{}", persister.log_text());
     assert!(status.success(), "{status:?}; log:\n{}", persister.log_text());
     assert!(persister.log_text().contains("not committed"), "what was not committed is logged");
 }

@@ -94,16 +94,20 @@ impl SessionClient {
         let pause = Duration::from_micros(1_000_000 * 50 / rate.max(1));
         for n in first..=self.total() {
             let line = format!("{} {}\n", self.times[n as usize - 1], numbered(&self.tag, n));
-            if write.write_all(line.as_bytes()).await.is_err() {
-                break;
-            }
-            self.written.fetch_add(1, Ordering::SeqCst);
             let stop = {
                 let mut stop_after = self.stop_after.lock().expect("lock");
                 stop_after.front() == Some(&n) && stop_after.pop_front().is_some()
             };
             if stop {
+                // Deaf before the last record is written: its acknowledgement, however quick, is
+                // one the client does not hear.
                 self.deaf.store(true, Ordering::SeqCst);
+            }
+            if write.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+            self.written.fetch_add(1, Ordering::SeqCst);
+            if stop {
                 self.stopped.notify_one();
                 self.resume.notified().await;
             }
