@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use metrics::{Counter, Gauge};
-use tokio::net::{UnixDatagram, UnixListener};
+use tokio::net::{UnixDatagram, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -591,29 +591,56 @@ async fn accept(
 ) {
     let slots = Arc::new(Semaphore::new(context.config.max_connections as usize));
     let mut next_id: u64 = 0;
+    let mut take = |stream: UnixStream| {
+        next_id += 1;
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Accept, then close at once: the writer sees the connection end instead of
+            // hanging in the kernel's backlog.
+            context.metrics.refused(ConnectionRefused::MaxConnections);
+            drop(stream);
+            return;
+        };
+        let span = tracing::info_span!("connection", listener = %context.name, id = next_id);
+        let task = connection::serve(stream, next_id, slot, context.clone(), ingest.clone(), stop.clone());
+        tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
+    };
+    if crate::lifecycle::fail_point_holds("accept") {
+        stop.cancelled().await;
+    }
     loop {
         let accepted = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, _)) => {
-                next_id += 1;
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    // Accept, then close at once: the writer sees the connection end instead of
-                    // hanging in the kernel's backlog.
-                    context.metrics.refused(ConnectionRefused::MaxConnections);
-                    drop(stream);
-                    continue;
-                };
-                let span = tracing::info_span!("connection", listener = %context.name, id = next_id);
-                let task = connection::serve(stream, next_id, slot, context.clone(), ingest.clone(), stop.clone());
-                tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
-            }
+            Ok((stream, _)) => take(stream),
             Err(error) => {
                 // EMFILE and friends: back off instead of spinning; the listener survives.
                 warn!(%error, listener = %context.name, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+    // Connections the kernel completed before the stop wait in the backlog, and their writers
+    // saw their writes succeed: each is taken like a connection open at the stop (it reads what
+    // is in its socket, then closes) instead of being dropped, unread, with the listener. The
+    // backlog is bounded by the kernel (`somaxconn`), and taking from it never waits.
+    let listener = match listener.into_std() {
+        Ok(listener) => listener,
+        Err(error) => return warn!(%error, listener = %context.name, "could not read the backlog at the stop"),
+    };
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => match stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream)) {
+                Ok(stream) => take(stream),
+                Err(error) => warn!(%error, listener = %context.name, "could not take a connection from the backlog"),
+            },
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => {
+                warn!(%error, listener = %context.name, "could not read the backlog at the stop");
+                break;
             }
         }
     }

@@ -152,6 +152,21 @@ pub fn fail_point(point: &str) {
 #[inline(always)]
 pub fn fail_point(_point: &str) {}
 
+/// Whether `SLUICE_FAIL_POINT` names `hold:<point>`: a test's way to make a task hold back where
+/// a real one can fall behind (a listener that has not yet accepted what waits in its backlog).
+/// Always false in release builds.
+#[cfg(debug_assertions)]
+pub fn fail_point_holds(point: &str) -> bool {
+    std::env::var("SLUICE_FAIL_POINT").is_ok_and(|named| named.strip_prefix("hold:") == Some(point))
+}
+
+/// See the debug build's `fail_point_holds`: never in a release build.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn fail_point_holds(_point: &str) -> bool {
+    false
+}
+
 /// A test's way to make the calling thread stop for good where a real one can (a librdkafka call
 /// whose broker thread is stuck in DNS or a connect): in debug builds, when `SLUICE_FAIL_POINT`
 /// names `stall:<point>`, the thread sleeps for ever. Compiled out of release builds.

@@ -35,6 +35,28 @@ async fn agent_drains_its_buffer_to_kafka_on_sigterm_and_exits_zero() {
     assert_eq!(until_rows(&setup.db().await, 5000).await, 5000);
 }
 
+/// Found by a cold read of the tests: a writer whose connection the kernel completed but the
+/// agent had not yet accepted when SIGTERM came saw its writes succeed, and the listener was
+/// dropped with the connection in its backlog — its records lost, counted nowhere. At the stop,
+/// the backlog is taken like any open connection: what is in its socket is read and shipped.
+/// The fail point `hold:accept` keeps the agent from accepting until the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_a_connection_still_in_the_backlog_at_sigterm_are_read_and_shipped() {
+    let setup = Scenario::new("backlog")
+        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "hold:accept".into())))
+        .build()
+        .await;
+    let mut agent = setup.agent().await;
+    let lines: Vec<Vec<u8>> = (0..100).map(|i| format!("in the backlog {i}").into_bytes()).collect();
+    send_lines(&setup.config.socket(), &lines).await;
+    let metrics = scrape(setup.config.agent_admin()).await;
+    assert_eq!(metrics.count(telemetry::INGEST_CONNECTIONS, &[]), 0.0, "not yet accepted");
+    agent.signal("TERM");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", agent.log_text());
+    assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 100, "{}", agent.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_unreachable() {
     let setup = Scenario::new("nobroker")
@@ -236,12 +258,12 @@ fn drain_report(log: &str) -> (u64, u64, u64, u64) {
     (field("lost"), field("abandoned"), field("in_spool"), field("unconfirmed"))
 }
 
-/// Starts an agent (memory buffer, `drain_timeout` 4 s) on a private broker behind a proxy,
+/// Starts an agent (memory buffer, `drain_timeout` as given) on a private broker behind a proxy,
 /// delivers 10 records, then holds the broker's answers and sends 5 more: once they are stored
 /// in Kafka, their answers are still held. Returns what the test needs to go on.
-async fn five_records_stored_with_their_answers_held() -> (PrivateBroker, Proxy, Setup, Process) {
+async fn five_records_stored_with_their_answers_held(drain_timeout: &str) -> (PrivateBroker, Proxy, Setup, Process) {
     let (broker, proxy) = PrivateBroker::behind_proxy().await;
-    let setup = Scenario::new("held").on(&broker).set("agent", "drain_timeout", "4s").build().await;
+    let setup = Scenario::new("held").on(&broker).set("agent", "drain_timeout", drain_timeout).build().await;
     let agent = setup.agent().await;
     let lines = |from: usize, n: usize| (from..from + n).map(|i| format!("held {i}").into_bytes()).collect::<Vec<_>>();
     send_lines(&setup.config.socket(), &lines(0, 10)).await;
@@ -261,7 +283,9 @@ async fn five_records_stored_with_their_answers_held() -> (PrivateBroker, Proxy,
 /// before its deadline and waits for the answers to what is in flight until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafkas_late_answers_to_records_in_flight_are_heard_before_the_drain_ends() {
-    let (_broker, proxy, setup, mut agent) = five_records_stored_with_their_answers_held().await;
+    // The last quarter of the drain (3 s) waits for the answers: time enough for the test to see
+    // sending stop and release them, on a busy machine too.
+    let (_broker, proxy, setup, mut agent) = five_records_stored_with_their_answers_held("12s").await;
     agent.signal("TERM");
     until_logged(&agent, "records not yet acknowledged by kafka: sending stops").await;
     proxy.release_answers();
@@ -276,7 +300,7 @@ async fn kafkas_late_answers_to_records_in_flight_are_heard_before_the_drain_end
 /// They are counted as `unconfirmed`, not as `drain_timeout` (which says "not stored").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_in_flight_that_kafka_never_answers_are_counted_unconfirmed_not_lost() {
-    let (_broker, _proxy, setup, mut agent) = five_records_stored_with_their_answers_held().await;
+    let (_broker, _proxy, setup, mut agent) = five_records_stored_with_their_answers_held("4s").await;
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(status.success(), "{status:?}\n{}", agent.log_text());
@@ -292,7 +316,7 @@ async fn records_in_flight_that_kafka_never_answers_are_counted_unconfirmed_not_
 /// Such a record is counted `unconfirmed`: Kafka may hold it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_whose_connection_is_cut_after_kafka_stored_them_are_counted_unconfirmed_not_lost() {
-    let (_broker, proxy, setup, mut agent) = five_records_stored_with_their_answers_held().await;
+    let (_broker, proxy, setup, mut agent) = five_records_stored_with_their_answers_held("4s").await;
     proxy.cut();
     // librdkafka sees its connection go (and its only broker down), and takes the five back
     // into its queue.
@@ -449,7 +473,9 @@ async fn a_close_librdkafka_never_finishes_ends_at_the_drain_deadline_and_counts
     let status = agent.wait(Duration::from_secs(30)).await;
     let took = signalled.elapsed();
     assert!(status.success(), "{status:?}\n{}", agent.log_text());
-    assert!(took < Duration::from_secs(8), "the drain (2 s) and its close's grace (2 s) bound the exit: {took:?}");
+    // Without the bound the exit waits forever; with it: the drain (2 s), its close's grace (2 s),
+    // the runtime's shutdown bound (2 s) and the machine's own pace.
+    assert!(took < Duration::from_secs(15), "the drain's deadline bounds the exit: {took:?}");
     let log = agent.log_text();
     let (lost, abandoned, in_spool, unconfirmed) = drain_report(&log);
     assert_eq!((lost, abandoned, in_spool, unconfirmed), (0, 0, 0, 5), "{log}");
