@@ -522,10 +522,15 @@ mod reloading {
             applied.push(new.buffer.when_full);
             Ok(())
         });
-        tokio::select! {
-            _ = follow => {}
-            _ = tokio::time::sleep(Duration::from_millis(500)) => stop.cancel(),
-        }
+        // Until the change is applied (30 s: a hang detector, however busy the machine), then stop.
+        let applied_then_stop = async {
+            while running.read().expect("lock").buffer.when_full != WhenFull::DropOldest {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.cancel();
+        };
+        let both = async { tokio::join!(follow, applied_then_stop) };
+        let _ = tokio::time::timeout(Duration::from_secs(30), both).await;
         assert_eq!(applied, vec![WhenFull::DropOldest]);
         assert_eq!(running.read().expect("lock").buffer.when_full, WhenFull::DropOldest);
     }
