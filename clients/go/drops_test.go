@@ -18,7 +18,9 @@ func TestTheLoggingCallReturnsAndNeverFailsWhenTheAgentIsAbsent(t *testing.T) {
 	for i := 0; i < calls; i++ {
 		log.Info("record", "i", i)
 	}
-	if took := time.Since(started); took > time.Second {
+	// A call that waited would wait a dial timeout, thousands of seconds over; 10 s leaves room
+	// for -race and a busy machine.
+	if took := time.Since(started); took > 10*time.Second {
 		t.Errorf("%d calls took %v: the call waits for something", calls, took)
 	}
 
@@ -60,7 +62,7 @@ func TestTheLoggingCallReturnsWhileTheAgentIsStalled(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if took := time.Since(started); took > time.Second {
+	if took := time.Since(started); took > 10*time.Second {
 		t.Errorf("%d calls took %v with the agent stalled", calls, took)
 	}
 	s := c.Stats()

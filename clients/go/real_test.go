@@ -184,8 +184,9 @@ func TestTheLoggingCallKeepsReturningWhileTheAgentIsStoppedAndRecordsFlowAgainAf
 	for i := 0; i < calls; i++ {
 		log.Info("while the agent is stopped", "i", i)
 	}
-	// A call that waited for the agent would take a dial or write timeout, a second or more.
-	if took := time.Since(started); took > time.Second {
+	// A call that waited for the agent would take a dial or write timeout, a second or more, each:
+	// 2000 of them far more than the bound, which leaves room for -race and a busy machine.
+	if took := time.Since(started); took > 10*time.Second {
 		t.Errorf("%d calls took %v with the agent stopped", calls, took)
 	}
 	s := c.Stats()

@@ -47,7 +47,9 @@ def test_close_returns_within_its_timeout_with_a_stalled_agent(agent, handlers, 
     started = time.monotonic()
     handler.close(timeout=0.5)
     took = time.monotonic() - started
-    assert took < 0.5 + 1.0, f"close took {took:.2f} s"
+    # The deadline, the sender's stop and room for a busy machine; below a close that waits the
+    # default (2 s) or for the stalled agent.
+    assert took < 2.0, f"close took {took:.2f} s"
     stats = handler.stats()
     assert stats["dropped"]["closed"]["info"] > 0, "what was still queued is counted"
     log.info("after close")
@@ -60,7 +62,7 @@ def test_close_waits_only_once_for_an_agent_that_takes_nothing(handlers, logger_
     started = time.monotonic()
     assert handler.flush(0.3) is False
     handler.close(timeout=5)  # as logging.shutdown does before Python 3.12: flush, then close
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4.0, "a close that waited again would take its 5 s"
 
 
 def test_interpreter_exit_is_bounded_with_a_stalled_agent(agent, socket_path):
@@ -86,7 +88,9 @@ def test_interpreter_exit_is_bounded_with_a_stalled_agent(agent, socket_path):
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert "logged" in result.stdout
-    assert took < 8, f"exit took {took:.1f} s (flush and close default to 2 s each)"
+    # Flush and close default to 2 s each (about 4.3 s in all); a stalled agent holding the exit
+    # would reach the 30 s timeout.
+    assert took < 15, f"exit took {took:.1f} s"
 
 
 def test_records_logged_at_exit_reach_the_agent(agent, socket_path):

@@ -273,7 +273,9 @@ class SluiceClientTest {
         client.close(Duration.ofMillis(500));
         long took = System.nanoTime() - started;
 
-        assertTrue(took < Duration.ofMillis(1500).toNanos(), "close took " + took / 1_000_000 + " ms");
+        // The deadline, the sender's stop and room for a busy machine; below a close that waits
+        // the default (2 s) or for the stalled agent.
+        assertTrue(took < Duration.ofMillis(2000).toNanos(), "close took " + took / 1_000_000 + " ms");
         Stats stats = client.stats();
         long closed = stats.dropped(DropReason.CLOSED, Severity.INFO);
         assertTrue(closed > 0, "what was still queued is counted");
@@ -291,7 +293,8 @@ class SluiceClientTest {
         assertFalse(client.flush(Duration.ofMillis(300)));
         client.close(Duration.ofSeconds(5)); // as a framework's shutdown does: flush, then close
 
-        assertTrue(System.nanoTime() - started < Duration.ofMillis(1500).toNanos());
+        // A close that waited again would take its 5 s.
+        assertTrue(System.nanoTime() - started < Duration.ofMillis(4000).toNanos());
         assertEquals(1, client.stats().dropped(DropReason.CLOSED));
     }
 
@@ -465,7 +468,7 @@ class SluiceClientTest {
         long started = System.nanoTime();
         client.close(Duration.ofMillis(300));
 
-        assertTrue(System.nanoTime() - started < Duration.ofMillis(1300).toNanos());
+        assertTrue(System.nanoTime() - started < Duration.ofMillis(2000).toNanos());
         assertEquals(1, client.stats().dropped(DropReason.CLOSED));
     }
 

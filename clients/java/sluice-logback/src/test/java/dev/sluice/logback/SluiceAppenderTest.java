@@ -136,7 +136,8 @@ class SluiceAppenderTest {
         context.stop();
         long took = System.nanoTime() - started;
 
-        assertTrue(took < Duration.ofMillis(1500).toNanos(), "stop took " + took / 1_000_000 + " ms");
+        // The close timeout, the sender's stop and room for a busy machine; below the default (2 s).
+        assertTrue(took < Duration.ofMillis(2000).toNanos(), "stop took " + took / 1_000_000 + " ms");
         Stats stats = appender.stats();
         assertTrue(stats.dropped(DropReason.CLOSED) > 0, stats.toString());
         assertTrue(context.getStatusManager().getCopyOfStatusList().stream()
