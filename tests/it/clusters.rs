@@ -233,13 +233,11 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     until_rows(&pg(&services(), &clusters.a.schema()).await, 100).await;
     until_rows(&clusters.db_b().await, 100).await;
 
-    // The reader: a database of its own on the stack's server.
+    // The reader: a server of its own, so nothing of it outlives the test, passed or failed.
     let (stack, _) = server_of(&services().pg);
-    let reader_db = unique("reader");
-    let admin = pg(&services(), "public").await;
-    admin.batch_execute(&format!("CREATE DATABASE {reader_db}")).await.expect("the reader database");
+    let reader_server = PrivatePostgres::start().await;
     let output = std::process::Command::new(source_path("scripts/reader"))
-        .arg(format!("{stack}{reader_db}"))
+        .arg(reader_server.url())
         .arg(format!("team_a={stack}sluice?schema={}", clusters.a.schema()))
         .arg(format!(
             "team_b=postgres://postgres@127.0.0.1:{}/sluice?schema={}",
@@ -252,9 +250,8 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     assert!(output.status.success(), "{said}");
     assert!(said.contains("added team_a") && said.contains("added team_b"), "{said}");
 
-    let mut config: tokio_postgres::Config = services().pg.parse().expect("a URL");
-    config.dbname(&reader_db);
-    let (reader, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to the reader");
+    let (reader, connection) =
+        tokio_postgres::connect(&reader_server.url(), tokio_postgres::NoTls).await.expect("connect to the reader");
     tokio::spawn(connection);
     let by_cluster: Vec<(String, i64)> =
         pairs(&reader, "SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster").await;
@@ -297,8 +294,6 @@ async fn a_reader_database_reads_both_clusters_each_row_once_with_filters_pushed
     let left: Vec<(String, i64)> =
         pairs(&reader, "SELECT cluster, count(*) FROM sluice_reader.logs GROUP BY cluster ORDER BY cluster").await;
     assert_eq!(left, [("team_a".to_string(), 100)]);
-    drop(reader);
-    admin.batch_execute(&format!("DROP DATABASE {reader_db} WITH (FORCE)")).await.expect("drop the reader");
 }
 
 /// Sends `numbers` of run `tag` in batches of ten, one batch every 20 ms: records keep coming
