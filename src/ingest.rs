@@ -572,18 +572,17 @@ impl Listener {
         }
         match socket {
             Socket::Datagram(socket) => datagram::serve(socket, &path, context.clone(), ingest, stop).await,
-            Socket::Stream(listener) => accept(listener, context.clone(), ingest, tracker, stop).await,
+            Socket::Stream(listener) => accept(listener, &path, context.clone(), ingest, tracker, stop).await,
             Socket::Otlp(unix, tcp) => otlp::serve(unix, tcp, context.clone(), ingest, tracker, stop).await,
         }
-        if let Err(error) = std::fs::remove_file(&path) {
-            debug!(%error, "could not remove the socket file");
-        }
+        remove_socket_file(&path);
         info!(listener = %context.name, "listener closed");
     }
 }
 
 async fn accept(
     listener: UnixListener,
+    path: &Path,
     context: Arc<ListenerContext>,
     ingest: Arc<IngestContext>,
     tracker: TaskTracker,
@@ -591,15 +590,8 @@ async fn accept(
 ) {
     let slots = Arc::new(Semaphore::new(context.config.max_connections as usize));
     let mut next_id: u64 = 0;
-    let mut take = |stream: UnixStream| {
+    let mut serve = |stream: UnixStream, slot| {
         next_id += 1;
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Accept, then close at once: the writer sees the connection end instead of
-            // hanging in the kernel's backlog.
-            context.metrics.refused(ConnectionRefused::MaxConnections);
-            drop(stream);
-            return;
-        };
         let span = tracing::info_span!("connection", listener = %context.name, id = next_id);
         let task = connection::serve(stream, next_id, slot, context.clone(), ingest.clone(), stop.clone());
         tracker.spawn(crate::lifecycle::contain("connection", task).instrument(span));
@@ -614,35 +606,77 @@ async fn accept(
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, _)) => take(stream),
+            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => serve(stream, slot),
+                Err(_) => {
+                    // Accept, then close at once: the writer sees the connection end instead of
+                    // hanging in the kernel's backlog.
+                    context.metrics.refused(ConnectionRefused::MaxConnections);
+                    drop(stream);
+                }
+            },
             Err(error) => {
                 // EMFILE and friends: back off instead of spinning; the listener survives.
                 warn!(%error, listener = %context.name, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
     }
     // Connections the kernel completed before the stop wait in the backlog, and their writers
-    // saw their writes succeed: each is taken like a connection open at the stop (it reads what
-    // is in its socket, then closes) instead of being dropped, unread, with the listener. The
-    // backlog is bounded by the kernel (`somaxconn`), and taking from it never waits.
+    // saw their writes succeed: each is served like a connection open at the stop (it reads
+    // what is in its socket, then closes) instead of being dropped, unread, with the listener.
+    // The path goes first, so no writer joins the backlog now: it is finite, and the loop is
+    // bounded besides. A connection waits for a slot until the agent stops reading (open ones
+    // drain and free theirs); then what is left is refused, counted.
+    remove_socket_file(path);
     let listener = match listener.into_std() {
         Ok(listener) => listener,
-        Err(error) => return warn!(%error, listener = %context.name, "could not read the backlog at the stop"),
+        Err(error) => return warn!(%error, listener = %context.name, "could not take the backlog at the stop"),
     };
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => match stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream)) {
-                Ok(stream) => take(stream),
-                Err(error) => warn!(%error, listener = %context.name, "could not take a connection from the backlog"),
-            },
+    for taken in 0..BACKLOG_MOST {
+        if taken % 64 == 63 {
+            tokio::task::yield_now().await;
+        }
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
             Err(error) => {
-                warn!(%error, listener = %context.name, "could not read the backlog at the stop");
-                break;
+                // Out of descriptors, most likely: the connections draining free some.
+                warn!(%error, listener = %context.name, "could not take a connection from the backlog");
+                tokio::select! {
+                    _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                    _ = ingest.stop_reading.cancelled() => break,
+                }
+            }
+        };
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.ok(),
+            _ = ingest.stop_reading.cancelled() => None,
+        };
+        let stream = stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream));
+        match (slot, stream) {
+            (Some(slot), Ok(stream)) => serve(stream, slot),
+            (None, _) => context.metrics.refused(ConnectionRefused::MaxConnections),
+            (Some(_), Err(error)) => {
+                warn!(%error, listener = %context.name, "could not take a connection from the backlog");
             }
         }
+    }
+}
+
+/// How long the accept loop waits after a failed accept (EMFILE and friends) before the next.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Most connections taken from the backlog at the stop: above the kernel's own bound on a
+/// listener's backlog (`somaxconn`, 4096 by default).
+const BACKLOG_MOST: usize = 8192;
+
+/// Removes a listener's socket file, so no writer can connect to it any more.
+fn remove_socket_file(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => debug!(%error, "could not remove the socket file"),
     }
 }
 

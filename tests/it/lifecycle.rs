@@ -39,22 +39,27 @@ async fn agent_drains_its_buffer_to_kafka_on_sigterm_and_exits_zero() {
 /// agent had not yet accepted when SIGTERM came saw its writes succeed, and the listener was
 /// dropped with the connection in its backlog — its records lost, counted nowhere. At the stop,
 /// the backlog is taken like any open connection: what is in its socket is read and shipped.
-/// The fail point `hold:accept` keeps the agent from accepting until the stop.
+/// More connections wait than `max_connections` allows: each waits for a slot another frees as
+/// it drains. The fail point `hold:accept` keeps the agent from accepting until the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_of_a_connection_still_in_the_backlog_at_sigterm_are_read_and_shipped() {
+async fn records_of_connections_still_in_the_backlog_at_sigterm_are_read_and_shipped() {
     let setup = Scenario::new("backlog")
+        .listener("default", "max_connections", 2)
         .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "hold:accept".into())))
         .build()
         .await;
     let mut agent = setup.agent().await;
-    let lines: Vec<Vec<u8>> = (0..100).map(|i| format!("in the backlog {i}").into_bytes()).collect();
-    send_lines(&setup.config.socket(), &lines).await;
+    for connection in 0..5 {
+        let lines: Vec<Vec<u8>> = (0..20).map(|i| format!("in the backlog {connection}/{i}").into_bytes()).collect();
+        send_lines(&setup.config.socket(), &lines).await;
+    }
     let metrics = scrape(setup.config.agent_admin()).await;
     assert_eq!(metrics.count(telemetry::INGEST_CONNECTIONS, &[]), 0.0, "not yet accepted");
     agent.signal("TERM");
     let status = agent.wait(Duration::from_secs(30)).await;
     assert!(status.success(), "exit status {status:?}; log:\n{}", agent.log_text());
     assert_eq!(read_topic(&setup.bootstrap, &setup.topic).await.messages, 100, "{}", agent.log_text());
+    assert!(!setup.config.socket().exists(), "the socket file is removed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
