@@ -98,3 +98,19 @@ func (b *lockedBuffer) take() string {
 }
 
 var _ io.Writer = (*lockedBuffer)(nil)
+
+// slowestCall is the longest of n calls of call, as each is made (a caller never waits for the
+// sender: a call held behind its backoff, 20 ms doubling to 2 s, stands out), and all of them.
+func slowestCall(n int, call func(i int)) (slowest, all time.Duration) {
+	started := time.Now()
+	for i := 0; i < n; i++ {
+		before := time.Now()
+		call(i)
+		slowest = max(slowest, time.Since(before))
+	}
+	return slowest, time.Since(started)
+}
+
+// maxCallPause bounds a single logging call: far above a call's microseconds (room for -race, a
+// collection and a busy machine), below a sender's backoff step from 640 ms on.
+const maxCallPause = 500 * time.Millisecond

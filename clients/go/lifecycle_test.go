@@ -63,8 +63,8 @@ func TestCloseReturnsWithinItsDeadlineWithAStalledAgent(t *testing.T) {
 	started := time.Now()
 	err := c.Close(timeout(500 * time.Millisecond))
 	// The deadline, the sender's stop (300 ms) and room for a busy machine; below a close that
-	// waits the default (DefaultTimeout, 2 s) or for the stalled agent.
-	if took := time.Since(started); took > 2*time.Second {
+	// waits the default (DefaultTimeout, 2 s, and the sender's stop) or for the stalled agent.
+	if took := time.Since(started); took > 1800*time.Millisecond {
 		t.Errorf("close took %v", took)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -103,7 +103,7 @@ func TestCloseWithAnAgentThatNeverAcknowledgesCountsUnconfirmed(t *testing.T) {
 	if err := c.Close(timeout(300 * time.Millisecond)); err == nil {
 		t.Error("close says it stopped waiting")
 	}
-	if took := time.Since(started); took > 2*time.Second {
+	if took := time.Since(started); took > 1800*time.Millisecond {
 		t.Errorf("close took %v", took)
 	}
 	if s := c.Stats(); s.Unconfirmed != 10 || s.DroppedTotal != 0 || s.Unacknowledged != 0 {
@@ -118,7 +118,7 @@ func TestCloseWithoutADeadlineWaitsTheDefaultAtMost(t *testing.T) {
 	if err := c.Close(context.Background()); err == nil {
 		t.Error("close says it stopped waiting")
 	}
-	if took := time.Since(started); took < DefaultTimeout || took > DefaultTimeout+3*time.Second {
+	if took := time.Since(started); took < DefaultTimeout || took > DefaultTimeout+1500*time.Millisecond {
 		t.Errorf("close took %v", took)
 	}
 	if s := c.Stats(); s.Dropped[DropClosed]["info"] != 1 {

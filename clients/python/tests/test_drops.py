@@ -21,9 +21,9 @@ def test_logging_call_stays_fast_and_never_raises_when_the_agent_is_absent(handl
     elapsed = time.perf_counter() - started
 
     stats = handler.stats()
-    # A call that waited for the agent would wait a connect timeout (a second); below that, the
-    # allowance is for a busy machine's scheduler and the collector, not for the client.
-    assert slowest < 1.0, f"a logging call took {slowest * 1000:.1f} ms"
+    # A call held behind the sender (its backoff, 20 ms doubling to 2 s) stands out from 640 ms on;
+    # below that, the allowance is for a busy machine's scheduler and the collector.
+    assert slowest < 0.5, f"a logging call took {slowest * 1000:.1f} ms"
     assert elapsed < 10, "generous: 10,000 calls take well under a second on a quiet machine"
     assert stats["queued"] == int(8192 * 0.8), "the high-water tier keeps the last 20% for warnings"
     assert stats["dropped"] == {"high_water": {"info": 10_000 - int(8192 * 0.8)}}

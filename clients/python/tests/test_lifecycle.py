@@ -49,7 +49,7 @@ def test_close_returns_within_its_timeout_with_a_stalled_agent(agent, handlers, 
     took = time.monotonic() - started
     # The deadline, the sender's stop and room for a busy machine; below a close that waits the
     # default (2 s) or for the stalled agent.
-    assert took < 2.0, f"close took {took:.2f} s"
+    assert took < 1.8, f"close took {took:.2f} s"
     stats = handler.stats()
     assert stats["dropped"]["closed"]["info"] > 0, "what was still queued is counted"
     log.info("after close")

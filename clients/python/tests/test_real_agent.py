@@ -144,9 +144,9 @@ def test_the_logging_call_stays_fast_while_the_agent_is_stopped_and_records_flow
         log.info("while the agent is stopped %d", i, extra={"i": i})
         durations.append(time.perf_counter() - started)
     slow = sorted(d for d in durations if d > 0.05)
-    # A call that waited for the agent would take a connect or write timeout (a second or
-    # more), each time; the allowance is for a busy machine's scheduler, not for the client.
-    assert len(slow) <= 20 and max(durations) < 1.0, f"calls over 50 ms: {[round(d * 1000) for d in slow]}"
+    # A call that waited for the agent would take a connect or write timeout (a second or more),
+    # or a step of the sender's backoff; the allowance is for a busy machine's scheduler.
+    assert len(slow) <= 5 and max(durations) < 0.5, f"calls over 50 ms: {[round(d * 1000) for d in slow]}"
     stats = handler.stats()
     assert not stats["connected"] and stats["sent"] == 10, stats
     assert stats["dropped_total"] >= 2000 - queue_bound, stats
