@@ -249,10 +249,12 @@ mod tests {
             reader.join().expect("reader").iter().map(|b| b.iter().filter(|c| **c == b'\n').count()).sum();
         assert_eq!(read as u64, report.records);
         // A writer is never ahead of its schedule (however late the stop comes): at most 200/s
-        // over the time it ran, plus the one each connection writes at its start.
+        // over the time it ran, plus the one each connection writes at its start; and a late one
+        // catches up, so far fewer means the pacing is off.
         let most = (200.0 * report.elapsed.as_secs_f64()).ceil() as u64 + 2;
+        let fewest = (50.0 * report.elapsed.as_secs_f64()) as u64;
         assert!(
-            report.records > 0 && report.records <= most,
+            (fewest..=most).contains(&report.records),
             "paced at 200/s: {} records in {:?}",
             report.records,
             report.elapsed

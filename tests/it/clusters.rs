@@ -327,12 +327,15 @@ async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the
 
     // Each team's first half trickles in; team b's persister is killed once its cluster has some
     // of it, and the second halves are sent only after the kill, so they land in the kill's
-    // shadow however fast or slow the machine is.
+    // shadow however fast or slow the machine is. Team b's persister is first seen storing (50
+    // records), so the kill usually comes while the trickle still runs (its uncommitted batch is
+    // then written again by the replacement); every assertion holds either way.
+    send_lines(&socket_b, &numbered_lines("b", 0..50)).await;
+    until_rows(&db_b, 50).await;
     let first_a = trickle(socket_a.clone(), "a", 0..300);
-    let first_b = trickle(socket_b.clone(), "b", 0..300);
+    let first_b = trickle(socket_b.clone(), "b", 50..300);
     until_rows(&db_b, 100).await;
     running.persister_b.kill();
-    let rows_b_at_kill = row_count(&db_b).await;
     first_a.await.expect("team a's sender");
     first_b.await.expect("team b's sender");
     // Team a's rows keep arriving, all of them, while team b's cluster has no persister.
@@ -349,7 +352,6 @@ async fn a_persister_killed_mid_stream_leaves_its_cluster_every_row_once_and_the
     assert_each_once(&stored_numbers(&db_a, "a").await, 0..600);
     assert_each_once(&stored_numbers(&db_b, "b").await, 0..600);
     assert!(stored_numbers(&db_a, "b").await.is_empty() && stored_numbers(&db_b, "a").await.is_empty());
-    assert!(rows_b_at_kill >= 100, "the kill came after team b's cluster had rows: {rows_b_at_kill}");
 }
 
 /// Issue 34: failover within a cluster is PostgreSQL's business; the persister only has to follow
