@@ -19,10 +19,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use metrics::{Counter, Gauge};
 use tokio::net::{UnixDatagram, UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::buffer::Buffer;
 use crate::buffer::ack::AckPoint;
@@ -570,12 +570,16 @@ impl Listener {
         if context.limits.is_some() {
             tracker.spawn(forget_idle_buckets(context.clone(), stop.clone()));
         }
+        // Each kind removes its socket file once, at the stop: removed later, the path might
+        // already be another agent's (a replacement that bound it meanwhile).
         match socket {
             Socket::Datagram(socket) => datagram::serve(socket, &path, context.clone(), ingest, stop).await,
             Socket::Stream(listener) => accept(listener, &path, context.clone(), ingest, tracker, stop).await,
-            Socket::Otlp(unix, tcp) => otlp::serve(unix, tcp, context.clone(), ingest, tracker, stop).await,
+            Socket::Otlp(unix, tcp) => {
+                otlp::serve(unix, tcp, context.clone(), ingest, tracker, stop).await;
+                remove_socket_file(&path);
+            }
         }
-        remove_socket_file(&path);
         info!(listener = %context.name, "listener closed");
     }
 }
@@ -625,16 +629,21 @@ async fn accept(
     // Connections the kernel completed before the stop wait in the backlog, and their writers
     // saw their writes succeed: each is served like a connection open at the stop (it reads
     // what is in its socket, then closes) instead of being dropped, unread, with the listener.
-    // The path goes first, so no writer joins the backlog now: it is finite, and the loop is
-    // bounded besides. A connection waits for a slot until the agent stops reading (open ones
-    // drain and free theirs); then what is left is refused, counted.
+    // The path goes first, so no writer joins the backlog now: it is finite.
     remove_socket_file(path);
     let listener = match listener.into_std() {
         Ok(listener) => listener,
-        Err(error) => return warn!(%error, listener = %context.name, "could not take the backlog at the stop"),
+        Err(error) => return error!(%error, listener = %context.name, "could not take the backlog at the stop"),
     };
-    for taken in 0..BACKLOG_MOST {
-        if taken % 64 == 63 {
+    // Until the agent stops reading (T/2), a connection waits for one of the `max_connections`
+    // slots (open ones drain and free theirs). From then on a connection only takes in what is
+    // already in its socket, so as many again may run beside them; they wait until the drain
+    // deadline (`abandon`), when whatever is left cannot be read, let alone counted by record.
+    let past_stop_reading = Arc::new(Semaphore::new(context.config.max_connections as usize));
+    let (mut taken, mut unread): (u64, u64) = (0, 0);
+    loop {
+        taken += 1;
+        if taken.is_multiple_of(64) {
             tokio::task::yield_now().await;
         }
         let stream = match listener.accept() {
@@ -645,31 +654,63 @@ async fn accept(
                 warn!(%error, listener = %context.name, "could not take a connection from the backlog");
                 tokio::select! {
                     _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    _ = ingest.stop_reading.cancelled() => break,
+                    _ = ingest.abandon.cancelled() => {
+                        error!(listener = %context.name, "connections left unread in the backlog at the drain deadline");
+                        break;
+                    }
                 }
             }
         };
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot.ok(),
-            _ = ingest.stop_reading.cancelled() => None,
-        };
+        let slot = backlog_slot(&slots, &past_stop_reading, &ingest).await;
         let stream = stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream));
         match (slot, stream) {
             (Some(slot), Ok(stream)) => serve(stream, slot),
-            (None, _) => context.metrics.refused(ConnectionRefused::MaxConnections),
+            (None, _) => {
+                context.metrics.refused(ConnectionRefused::MaxConnections);
+                unread += 1;
+            }
             (Some(_), Err(error)) => {
                 warn!(%error, listener = %context.name, "could not take a connection from the backlog");
             }
         }
     }
+    if unread > 0 {
+        // Never read, so their records cannot be counted one by one: the connections are
+        // (`refused`, `max_connections`).
+        error!(listener = %context.name, connections = unread, "connections left unread in the backlog at the drain deadline");
+    }
+}
+
+/// A slot for a connection taken from the backlog at the stop: one of the listener's own while
+/// the agent reads, or, once it has stopped reading, one of as many again (`past_stop_reading`);
+/// none at the drain deadline.
+async fn backlog_slot(
+    slots: &Arc<Semaphore>,
+    past_stop_reading: &Arc<Semaphore>,
+    ingest: &IngestContext,
+) -> Option<OwnedSemaphorePermit> {
+    if ingest.abandon.is_cancelled() {
+        return None;
+    }
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    tokio::select! {
+        biased;
+        _ = ingest.abandon.cancelled() => return None,
+        slot = slots.clone().acquire_owned() => return slot.ok(),
+        _ = ingest.stop_reading.cancelled() => {}
+    }
+    tokio::select! {
+        biased;
+        _ = ingest.abandon.cancelled() => None,
+        slot = slots.clone().acquire_owned() => slot.ok(),
+        slot = past_stop_reading.clone().acquire_owned() => slot.ok(),
+    }
 }
 
 /// How long the accept loop waits after a failed accept (EMFILE and friends) before the next.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Most connections taken from the backlog at the stop: above the kernel's own bound on a
-/// listener's backlog (`somaxconn`, 4096 by default).
-const BACKLOG_MOST: usize = 8192;
 
 /// Removes a listener's socket file, so no writer can connect to it any more.
 fn remove_socket_file(path: &Path) {

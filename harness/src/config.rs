@@ -184,8 +184,8 @@ impl TestConfig {
     /// Starts `sluice agent` on the config file at `path` (which a test may change later) and
     /// waits until it is listening on every socket.
     pub async fn spawn_agent_at(&self, path: &Path) -> Process {
-        let mut agent =
-            Process::spawn("agent", &["agent", "--config", path.to_str().expect("utf-8 path")], self.dir.path());
+        let args = ["agent", "--config", path.to_str().expect("utf-8 path")];
+        let mut agent = Process::spawn_with_env("agent", &args, self.dir.path(), &self.env);
         self.started_agent(agent.wait_admin().await);
         for socket in self.listener_sockets() {
             eventually("socket", || async { socket.exists().then_some(()) }).await;

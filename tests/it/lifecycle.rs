@@ -62,6 +62,46 @@ async fn records_of_connections_still_in_the_backlog_at_sigterm_are_read_and_shi
     assert!(!setup.config.socket().exists(), "the socket file is removed");
 }
 
+/// Found by the second cold review: a connection in the backlog whose slot was still held at half
+/// the drain (by a connection waiting for buffer room, or for its acknowledgements, which holds
+/// it to the deadline) was refused then, its records never read nor counted. Once the agent stops
+/// reading, backlog connections run beside the open ones (as many again), each taking in what is
+/// in its socket: here both wait for buffer room Kafka never frees, and give up at the deadline,
+/// so every record is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_connection_whose_slot_is_held_past_half_the_drain_is_still_read_and_counted() {
+    let setup = Scenario::new("backlog_held")
+        .kafka_unreachable()
+        .listener("default", "max_connections", 1)
+        .set("buffer", "max_records", 10)
+        .set("buffer", "when_full", "block")
+        .set("buffer", "block_timeout", "forever")
+        .set("agent", "drain_timeout", "4s")
+        .with(|config| config.env.push(("SLUICE_FAIL_POINT".into(), "hold:accept".into())))
+        .build()
+        .await;
+    let (_, mut agent) = setup.listening_agent().await;
+    // First in the backlog: 15 records, 10 of which fill the buffer; it holds the one slot,
+    // waiting for room, until the deadline.
+    let holding: Vec<Vec<u8>> = (0..15).map(|i| format!("holding {i}").into_bytes()).collect();
+    send_lines(&setup.config.socket(), &holding).await;
+    let waiting: Vec<Vec<u8>> = (0..20).map(|i| format!("waiting {i}").into_bytes()).collect();
+    send_lines(&setup.config.socket(), &waiting).await;
+    agent.signal("TERM");
+    // The path goes at the stop, while the drain still runs.
+    let socket = setup.config.socket();
+    sluice_harness::eventually("the socket file removed", || std::future::ready((!socket.exists()).then_some(())))
+        .await;
+    assert!(agent.running(), "the socket file is removed when the drain starts, not at the exit");
+    let status = agent.wait(Duration::from_secs(30)).await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", agent.log_text());
+    let log = agent.log_text();
+    let (lost, abandoned, in_spool, unconfirmed) = drain_report(&log);
+    assert_eq!(lost + abandoned, 35, "every record read and counted: lost {lost}, abandoned {abandoned}\n{log}");
+    assert_eq!((in_spool, unconfirmed), (0, 0), "{log}");
+    assert!(!log.contains("left unread in the backlog"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_reading_and_counts_drops_under_drop_newest_while_kafka_is_unreachable() {
     let setup = Scenario::new("nobroker")
