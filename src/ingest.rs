@@ -570,15 +570,13 @@ impl Listener {
         if context.limits.is_some() {
             tracker.spawn(forget_idle_buckets(context.clone(), stop.clone()));
         }
-        // Each kind removes its socket file once, at the stop: removed later, the path might
-        // already be another agent's (a replacement that bound it meanwhile).
+        // Each kind removes its socket file once, at the stop, while it still listens: removed
+        // later, the path might already be another agent's (a replacement that bound it
+        // meanwhile, taking the dead socket for a stale one).
         match socket {
             Socket::Datagram(socket) => datagram::serve(socket, &path, context.clone(), ingest, stop).await,
             Socket::Stream(listener) => accept(listener, &path, context.clone(), ingest, tracker, stop).await,
-            Socket::Otlp(unix, tcp) => {
-                otlp::serve(unix, tcp, context.clone(), ingest, tracker, stop).await;
-                remove_socket_file(&path);
-            }
+            Socket::Otlp(unix, tcp) => otlp::serve(unix, &path, tcp, context.clone(), ingest, tracker, stop).await,
         }
         info!(listener = %context.name, "listener closed");
     }
@@ -655,22 +653,27 @@ async fn accept(
                 tokio::select! {
                     _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
                     _ = ingest.abandon.cancelled() => {
-                        error!(listener = %context.name, "connections left unread in the backlog at the drain deadline");
+                        error!(listener = %context.name, "connections left in the backlog at the drain deadline, out of descriptors: not counted");
                         break;
                     }
                 }
             }
         };
-        let slot = backlog_slot(&slots, &past_stop_reading, &ingest).await;
-        let stream = stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream));
-        match (slot, stream) {
-            (Some(slot), Ok(stream)) => serve(stream, slot),
-            (None, _) => {
+        let Some(slot) = backlog_slot(&slots, &past_stop_reading, &ingest).await else {
+            context.metrics.refused(ConnectionRefused::MaxConnections);
+            unread += 1;
+            if unread >= UNREAD_MOST {
+                // Only a socket with a second name (a hard link) keeps a backlog coming now.
+                break;
+            }
+            continue;
+        };
+        match stream.set_nonblocking(true).and_then(|()| UnixStream::from_std(stream)) {
+            Ok(stream) => serve(stream, slot),
+            Err(error) => {
+                warn!(%error, listener = %context.name, "could not take a connection from the backlog");
                 context.metrics.refused(ConnectionRefused::MaxConnections);
                 unread += 1;
-            }
-            (Some(_), Err(error)) => {
-                warn!(%error, listener = %context.name, "could not take a connection from the backlog");
             }
         }
     }
@@ -708,6 +711,10 @@ async fn backlog_slot(
         slot = past_stop_reading.clone().acquire_owned() => slot.ok(),
     }
 }
+
+/// Most backlog connections refused after the drain deadline: above any listener's backlog
+/// (`somaxconn` is at most 65535 in a pod).
+const UNREAD_MOST: u64 = 1 << 17;
 
 /// How long the accept loop waits after a failed accept (EMFILE and friends) before the next.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);

@@ -16,6 +16,7 @@
 //! past the listener's `export_timeout` or the drain's deadline.
 
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -211,6 +212,7 @@ impl Outcome {
 /// `export_timeout`) and closes.
 pub async fn serve(
     unix: UnixListener,
+    path: &Path,
     tcp: Vec<TcpListener>,
     listener: Arc<ListenerContext>,
     ingest: Arc<IngestContext>,
@@ -228,7 +230,8 @@ pub async fn serve(
         ingest,
         listener,
     });
-    let mut accepting = vec![tokio::spawn(accept_unix(unix, shared.clone(), tracker.clone(), stop.clone()))];
+    let unix = accept_unix(unix, path.to_path_buf(), shared.clone(), tracker.clone(), stop.clone());
+    let mut accepting = vec![tokio::spawn(unix)];
     for socket in tcp {
         accepting.push(tokio::spawn(accept_tcp(socket, shared.clone(), tracker.clone(), stop.clone())));
     }
@@ -239,11 +242,21 @@ pub async fn serve(
     }
 }
 
-async fn accept_unix(socket: UnixListener, shared: Arc<Shared>, tracker: TaskTracker, stop: CancellationToken) {
+/// Its socket file goes at the stop, while the socket still listens: removed after it closed, the
+/// path might already be a replacement agent's (the dead socket looks stale to it). Exports still
+/// in the backlog get no answer, and their SDKs send them again.
+async fn accept_unix(
+    socket: UnixListener,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
     let mut next_id = 0;
     loop {
         let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
+            biased;
+            _ = stop.cancelled() => return super::remove_socket_file(&path),
             accepted = socket.accept() => accepted,
         };
         match accepted {
