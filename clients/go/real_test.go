@@ -99,7 +99,9 @@ func TestAcknowledgedModeWithADiskBufferEveryRecordIsAcknowledgedOrCountedAcross
 	if ackPoint := c.Stats().AckPoint; ackPoint != "spooled" {
 		t.Errorf("ack point %q", ackPoint)
 	}
-	// Kill while records are sent and not yet acknowledged, so that they must be sent again.
+	// Kill while records are sent and not yet acknowledged, so that they must be sent again: the
+	// agent is frozen first, so what is written meanwhile waits for its ACK.
+	agent.freeze()
 	if !waitUntil(func() bool { return c.Stats().Unacknowledged > 0 }, 5*time.Second) {
 		t.Fatalf("nothing awaits an ACK: %+v", c.Stats())
 	}

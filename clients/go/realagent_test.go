@@ -201,6 +201,14 @@ func (a *realAgent) terminate() int {
 	return a.cmd.ProcessState.ExitCode()
 }
 
+// freeze sends SIGSTOP: the agent reads and answers nothing until it is killed, so what a client
+// writes from then on waits for its acknowledgement, however quick the agent was.
+func (a *realAgent) freeze() {
+	if a.running() {
+		a.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (a *realAgent) kill() {
 	if a.running() {

@@ -193,6 +193,11 @@ class SluiceAppenderRealAgentTest {
                     appender.stats().toString());
             assertEquals("spooled", appender.stats().ackPoint());
 
+            // Frozen first, so records written meanwhile wait for their ACK (the agent may be quick
+            // enough to leave none waiting at any one moment): at the kill they are in flight.
+            pipeline.freezeAgent();
+            assertTrue(Waiting.until(() -> appender.stats().unacknowledgedRecords() > 0, Duration.ofSeconds(10)),
+                    appender.stats().toString());
             pipeline.killAgent(); // SIGKILL: no drain; what it spooled and acknowledged must survive
             assertTrue(Waiting.until(() -> !appender.stats().connected(), Duration.ofSeconds(10)), appender.stats().toString());
             Thread.sleep(500); // records keep coming, and queue

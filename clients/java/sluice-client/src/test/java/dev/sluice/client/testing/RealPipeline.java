@@ -198,6 +198,14 @@ public final class RealPipeline implements AutoCloseable {
         agent.kill();
     }
 
+    /**
+     * SIGSTOP (by pid): the agent reads and answers nothing until it is killed, so what a client
+     * writes from now on waits for its acknowledgement however fast the agent was.
+     */
+    public void freezeAgent() throws IOException, InterruptedException {
+        agent.signal("STOP");
+    }
+
     public boolean agentRunning() {
         return agent.running();
     }
@@ -284,6 +292,15 @@ public final class RealPipeline implements AutoCloseable {
                 }
             }
             return waitExit();
+        }
+
+        void signal(String name) throws IOException, InterruptedException {
+            if (process != null && process.isAlive()) {
+                int exit = new ProcessBuilder("kill", "-" + name, Long.toString(process.pid())).inheritIO().start().waitFor();
+                if (exit != 0) {
+                    throw new IOException("kill -" + name + " " + process.pid() + " exited " + exit);
+                }
+            }
         }
 
         void kill() {
