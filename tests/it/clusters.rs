@@ -100,10 +100,6 @@ async fn connect_to_schema(url: &str, schema: &str) -> tokio_postgres::Client {
     client
 }
 
-fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
-    numbers.map(|n| numbered(tag, n).into_bytes()).collect()
-}
-
 /// Issue 34: records of two namespaces land each in its own cluster, exactly once; with one
 /// cluster stopped, the other's rows keep flowing and only the stopped one's group lags; once it
 /// is back, every record is stored once.

@@ -742,17 +742,10 @@ async fn a_postgres_that_stops_answering_mid_write_is_left_after_write_timeout_a
         .set("postgres", "write_timeout", "2s")
         .build()
         .await;
-    let _persister = setup.persister().await;
-    let _agent = setup.agent().await;
-    let db = setup.db().await;
-    let socket = setup.config.socket();
-    let lines = |range: std::ops::Range<u64>| range.map(|n| numbered(&setup.topic, n).into_bytes()).collect::<Vec<_>>();
-
-    send_lines(&socket, &lines(0..100)).await;
-    until_rows(&db, 100).await;
+    let (_persister, _agent, db) = flowing_with_a_hundred_stored(&setup).await;
     // Every connection open now goes silent; connections made later answer.
     proxy.hold_answers();
-    send_lines(&socket, &lines(100..200)).await;
+    send_lines(&setup.config.socket(), &numbered_lines(&setup.topic, 100..200)).await;
     until_rows_within(&db, 200, Duration::from_secs(60)).await;
     until_nothing_left(&setup.config).await;
     assert_each_once(&stored_numbers(&db, &setup.topic).await, 0..200);
@@ -770,19 +763,13 @@ async fn a_postgres_that_stops_answering_mid_write_is_left_after_write_timeout_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_given_up_on_are_cancelled_so_their_sessions_do_not_pile_up() {
     let setup = Scenario::new("pileup").partitions(2).set("postgres", "write_timeout", "1s").build().await;
-    let _persister = setup.persister().await;
-    let _agent = setup.agent().await;
-    let db = setup.db().await;
-    let socket = setup.config.socket();
-    let lines = |range: std::ops::Range<u64>| range.map(|n| numbered(&setup.topic, n).into_bytes()).collect::<Vec<_>>();
-    send_lines(&socket, &lines(0..100)).await;
-    until_rows(&db, 100).await;
+    let (_persister, _agent, db) = flowing_with_a_hundred_stored(&setup).await;
 
     let partition = format!("logs_{}", chrono::Utc::now().format("%Y%m%d"));
     let mut locker = setup.db().await;
     let lock = locker.transaction().await.expect("begin");
     lock.batch_execute(&format!("LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE")).await.expect("lock");
-    send_lines(&socket, &lines(100..200)).await;
+    send_lines(&setup.config.socket(), &numbered_lines(&setup.topic, 100..200)).await;
     let waiting_sql = format!("SELECT count(*) FROM pg_locks WHERE relation = '{partition}'::regclass AND NOT granted");
     let mut most_waiting = 0;
     let until = tokio::time::Instant::now() + Duration::from_secs(12);
@@ -801,4 +788,15 @@ async fn writes_given_up_on_are_cancelled_so_their_sessions_do_not_pile_up() {
     assert_each_once(&stored_numbers(&db, &setup.topic).await, 0..200);
     let metrics = scrape(setup.config.persist_admin()).await;
     assert!(metrics.count(telemetry::PERSIST_WRITE_ERRORS, &[]) >= 2.0, "{}", nonzero(&metrics));
+}
+
+/// Starts `setup`'s persister and agent, and stores records 0..100 of its topic: the pipeline
+/// flowing before a test breaks PostgreSQL. The processes stop when dropped.
+async fn flowing_with_a_hundred_stored(setup: &Setup) -> (Process, Process, tokio_postgres::Client) {
+    let persister = setup.persister().await;
+    let agent = setup.agent().await;
+    let db = setup.db().await;
+    send_lines(&setup.config.socket(), &numbered_lines(&setup.topic, 0..100)).await;
+    until_rows(&db, 100).await;
+    (persister, agent, db)
 }

@@ -24,7 +24,7 @@ mod scenario;
 pub use acks::{AckReader, Acknowledged, Settled, open_acknowledged};
 pub use broker::{PrivateBroker, SASL_PASSWORD};
 pub use clients::{fluent_logger, logger, python, python_syslog_handler};
-pub use load::{AckedSender, Load, assert_each_once, numbered, numbers_in, stored_numbers};
+pub use load::{AckedSender, Load, assert_each_once, numbered, numbered_lines, numbers_in, stored_numbers};
 pub use postgres::PrivatePostgres;
 pub use proxy::Proxy;
 pub use scenario::{

@@ -19,6 +19,11 @@ pub fn numbered(tag: &str, n: u64) -> String {
     format!(r#"{{"tag":"{tag}","n":{n},"level":"info","message":"numbered record {n}","pad":"{}"}}"#, "p".repeat(100))
 }
 
+/// [`numbered`] records `numbers` of run `tag`, as lines for `send_lines`.
+pub fn numbered_lines(tag: &str, numbers: std::ops::Range<u64>) -> Vec<Vec<u8>> {
+    numbers.map(|n| numbered(tag, n).into_bytes()).collect()
+}
+
 /// The numbers of the records of run `tag` among `payloads`, with repeats (a duplicate shows).
 pub fn numbers_in(tag: &str, payloads: &[String]) -> Vec<u64> {
     let prefix = format!(r#"{{"tag":"{tag}","n":"#);
